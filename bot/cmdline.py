@@ -1,0 +1,335 @@
+"""Read and rewrite a vLLM container's command line in every shape real manifests use.
+
+Shapes: `vllm serve MODEL ...` in command or args, image entrypoint with `args` only,
+one `/bin/sh -c "..."` string, `python -m vllm.entrypoints.openai.api_server --model X`,
+`--flag=value` / `--flag value` / `--flag_with_underscores`, duplicates (last wins, as
+argparse does). Rewriting keeps the manifest's own spelling: an edited flag keeps its
+`=` or space form and its underscores, a shell string stays one string, and duplicates of
+an edited flag collapse to the last one.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from bot.models import Change
+
+SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/bash", "/usr/bin/sh", "dash", "/bin/dash", "zsh"}
+
+# Flags that take no value. A token after one of these is never its value.
+BOOLEAN_FLAGS = {
+    "--enforce-eager", "--trust-remote-code", "--enable-chunked-prefill", "--enable-prefix-caching",
+    "--disable-log-requests", "--disable-log-stats", "--enable-lora", "--enable-auto-tool-choice",
+    "--disable-custom-all-reduce", "--enable-sleep-mode", "--disable-sliding-window",
+    "--enable-expert-parallel", "--disable-frontend-multiprocessing", "--enable-reasoning",
+    "--skip-tokenizer-init", "--enable-log-requests", "--disable-fastapi-docs",
+    "--enable-prompt-tokens-details", "--calculate-kv-scales", "--use-v2-block-manager",
+    "--disable-async-output-proc", "--enable-server-load-tracking", "--async-scheduling",
+    "--disable-uvicorn-access-log", "--return-tokens-as-token-ids", "--enable-force-include-usage",
+}
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def canonical(flag: str) -> str:
+    """`--max_model_len` -> `--max-model-len`; only the part before a `.` (vLLM >= 0.9.1)."""
+    if not flag.startswith("--"):
+        return flag
+    head, dot, rest = flag[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + rest
+
+
+def is_boolean(flag: str) -> bool:
+    c = canonical(flag)
+    return c in BOOLEAN_FLAGS or (c.startswith("--no-") and "--" + c[5:] in BOOLEAN_FLAGS)
+
+
+@dataclass
+class Token:
+    """One word of the command line and where it sits in the manifest."""
+
+    text: str
+    where: str  # "command" | "args"
+    index: int  # index in that list
+    span: tuple[int, int] | None = None  # for a shell string: character span inside it
+
+
+@dataclass
+class FlagUse:
+    name: str  # canonical --dash-form
+    flag_token: Token
+    value_token: Token | None  # for `--flag value`
+    inline_value: str | None  # for `--flag=value`
+    spelled: str  # the flag exactly as written
+
+    @property
+    def value(self) -> str | None:
+        if self.inline_value is not None:
+            return self.inline_value
+        if self.value_token is not None:
+            return self.value_token.text
+        return None
+
+
+@dataclass
+class ParsedCommand:
+    """The vLLM invocation found in a container, with positions for rewriting."""
+
+    command: list[str] | None
+    args: list[str] | None
+    entrypoint: str  # "vllm serve" | "api_server" | "image entrypoint" | "unknown"
+    model: str | None
+    flags: list[FlagUse] = field(default_factory=list)
+    shell: tuple[str, int] | None = None  # ("command"|"args", index) of a `sh -c` script
+    last_token: Token | None = None  # where a new flag is appended after
+    found_vllm: bool = False
+
+    def get(self, flag: str) -> str | None:
+        """The effective value (last occurrence wins). Booleans read as "true"/"false"."""
+        want = canonical(flag)
+        value: str | None = None
+        for use in self.flags:
+            if use.name == want:
+                value = use.value if use.value is not None else "true"
+            elif is_boolean(want) and use.name == "--no-" + want[2:]:
+                value = "false"
+        return value
+
+    def has(self, flag: str) -> bool:
+        return self.get(flag) is not None
+
+    def argv(self) -> list[str]:
+        """The container's command and args as written in the manifest."""
+        return list(self.command or []) + list(self.args or [])
+
+    def display(self) -> str:
+        """One line a human reads: how the container starts."""
+        words = list(self.command or []) + list(self.args or [])
+        return " ".join(shlex.quote(w) if self.shell is None else _quote_shell(w) for w in words)
+
+
+def _quote_shell(word: str) -> str:
+    return shlex.quote(word) if (" " in word or not word) else word
+
+
+def _shell_words(script: str) -> list[tuple[str, tuple[int, int]]]:
+    """Split a shell script into words with their character spans (quotes understood)."""
+    words: list[tuple[str, tuple[int, int]]] = []
+    i, n = 0, len(script)
+    while i < n:
+        while i < n and script[i] in " \t\n\\" and not (script[i] == "\\" and i + 1 < n and script[i + 1] not in "\n"):
+            i += 1
+        if i >= n:
+            break
+        if script[i] in ";&|":
+            j = i
+            while j < n and script[j] in ";&|":
+                j += 1
+            words.append((script[i:j], (i, j)))
+            i = j
+            continue
+        start, buf = i, []
+        while i < n and script[i] not in " \t\n;&|":
+            ch = script[i]
+            if ch in "'\"":
+                end = script.find(ch, i + 1)
+                end = n if end < 0 else end
+                buf.append(script[i + 1 : end])
+                i = end + 1
+            elif ch == "\\" and i + 1 < n:
+                if script[i + 1] == "\n":
+                    i += 2
+                    continue
+                buf.append(script[i + 1])
+                i += 2
+            else:
+                buf.append(ch)
+                i += 1
+        words.append(("".join(buf), (start, i)))
+    return words
+
+
+def _locate_shell(command: list[str] | None, args: list[str] | None) -> tuple[str, int] | None:
+    """Where the script of `sh -c SCRIPT` sits: in command, or as the first arg."""
+    cmd = command or []
+    if not cmd or cmd[0].rsplit("/", 1)[-1] not in {s.rsplit("/", 1)[-1] for s in SHELLS}:
+        return None
+    for i, word in enumerate(cmd[1:], start=1):
+        if word.startswith("-") and not word.startswith("--") and word.endswith("c"):
+            if i + 1 < len(cmd):
+                return ("command", i + 1)
+            return ("args", 0) if args else None
+    return None
+
+
+def parse(command: list[str] | None, args: list[str] | None) -> ParsedCommand:
+    shell = _locate_shell(command, args)
+    tokens: list[Token] = []
+    if shell:
+        where, idx = shell
+        script = (command if where == "command" else args or [])[idx]
+        for text, span in _shell_words(script):
+            tokens.append(Token(text, where, idx, span))
+    else:
+        for where, items in (("command", command), ("args", args)):
+            for i, item in enumerate(items or []):
+                tokens.append(Token(item, where, i))
+
+    parsed = ParsedCommand(command=command, args=args, entrypoint="unknown", model=None, shell=shell)
+    start = _find_vllm_start(tokens, command)
+    if start is None:
+        return parsed
+    begin, entrypoint = start
+    parsed.entrypoint = entrypoint
+    parsed.found_vllm = True
+    i = begin
+    positional_model_allowed = entrypoint in {"vllm serve", "image entrypoint"}
+    while i < len(tokens):
+        tok = tokens[i]
+        if shell and tok.text in {"&&", "||", ";", "|", "&"}:
+            break
+        parsed.last_token = tok
+        text = tok.text
+        if text.startswith("--") and len(text) > 2:
+            name, eq, inline = text.partition("=")
+            cname = canonical(name)
+            if eq:
+                parsed.flags.append(FlagUse(cname, tok, None, inline, name))
+                i += 1
+                continue
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            takes_value = (
+                not is_boolean(cname)
+                and nxt is not None
+                and (not nxt.text.startswith("-") or _NUMBER.match(nxt.text) is not None)
+                and not (shell and nxt.text in {"&&", "||", ";", "|", "&"})
+            )
+            if takes_value:
+                parsed.flags.append(FlagUse(cname, tok, nxt, None, name))
+                parsed.last_token = nxt
+                i += 2
+            else:
+                parsed.flags.append(FlagUse(cname, tok, None, None, name))
+                i += 1
+            continue
+        if text in {"-tp", "-pp", "-q"} and i + 1 < len(tokens):
+            alias = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}[text]
+            parsed.flags.append(FlagUse(alias, tok, tokens[i + 1], None, text))
+            parsed.last_token = tokens[i + 1]
+            i += 2
+            continue
+        if positional_model_allowed and parsed.model is None and not text.startswith("-"):
+            parsed.model = text
+        i += 1
+    if parsed.model is None or parsed.get("--model"):
+        parsed.model = parsed.get("--model") or parsed.model
+    return parsed
+
+
+def _find_vllm_start(tokens: list[Token], command: list[str] | None) -> tuple[int, str] | None:
+    """Index of the first word after the vLLM program name, and which entrypoint it is."""
+    for i, tok in enumerate(tokens):
+        base = tok.text.rsplit("/", 1)[-1]
+        nxt = tokens[i + 1].text if i + 1 < len(tokens) else ""
+        if base == "vllm" and nxt == "serve":
+            return i + 2, "vllm serve"
+        if base.startswith("python") and nxt == "-m" and i + 2 < len(tokens):
+            module = tokens[i + 2].text
+            if module.startswith("vllm.entrypoints"):
+                return i + 3, "api_server"
+        if tok.text.startswith("vllm.entrypoints") and i > 0 and tokens[i - 1].text == "-m":
+            return i + 1, "api_server"
+    if not command and tokens:
+        # Image ENTRYPOINT runs vLLM (api_server in older images, `vllm serve` in newer ones).
+        return 0, "image entrypoint"
+    return None
+
+
+def apply_flag_changes(parsed: ParsedCommand, changes: list[Change]) -> tuple[list[str] | None, list[str] | None]:
+    """New (command, args) with each flag change made in the manifest's own spelling."""
+    command = list(parsed.command) if parsed.command is not None else None
+    args = list(parsed.args) if parsed.args is not None else None
+    lists = {"command": command, "args": args}
+    # Word-level edits: (where, index) -> replacement list of words (argv) ; spans for shell.
+    argv_edits: dict[tuple[str, int], list[str]] = {}
+    span_edits: list[tuple[int, int, str]] = []
+    appended: list[str] = []
+
+    for change in changes:
+        if change.kind != "flag":
+            continue
+        name = canonical(change.name)
+        uses = [u for u in parsed.flags if u.name == name or (is_boolean(name) and u.name == "--no-" + name[2:])]
+        for use in uses[:-1]:  # duplicates collapse to the last one
+            _remove_use(use, parsed, argv_edits, span_edits)
+        if not uses:
+            if change.after is None or change.after == "false" and is_boolean(name):
+                continue
+            appended.extend([name] if is_boolean(name) and change.after == "true" else [name, change.after])
+            continue
+        last = uses[-1]
+        if change.after is None:
+            _remove_use(last, parsed, argv_edits, span_edits)
+        elif is_boolean(name):
+            word = name if change.after == "true" else "--no-" + name[2:]
+            _replace(last.flag_token, word, parsed, argv_edits, span_edits)
+        elif last.inline_value is not None:
+            _replace(last.flag_token, f"{last.spelled}={change.after}", parsed, argv_edits, span_edits)
+        elif last.value_token is not None:
+            _replace(last.value_token, change.after, parsed, argv_edits, span_edits)
+        else:
+            _replace(last.flag_token, f"{last.spelled} {change.after}" if parsed.shell else last.spelled,
+                     parsed, argv_edits, span_edits)
+            if not parsed.shell:
+                argv_edits[(last.flag_token.where, last.flag_token.index)] = [last.spelled, change.after]
+
+    if parsed.shell:
+        where, idx = parsed.shell
+        target = lists[where]
+        assert target is not None
+        script = target[idx]
+        if appended and parsed.last_token and parsed.last_token.span:
+            end = parsed.last_token.span[1]
+            span_edits.append((end, end, " " + " ".join(shlex.quote(a) for a in appended)))
+        for start, end, text in sorted(span_edits, key=lambda e: (e[0], e[1]), reverse=True):
+            # a removal swallows the blank before it so no double spaces remain
+            if text == "" and start > 0 and script[start - 1] == " ":
+                start -= 1
+            script = script[:start] + text + script[end:]
+        target[idx] = script
+        return command, args
+
+    for where in ("command", "args"):
+        items = lists[where]
+        if items is None:
+            continue
+        rebuilt: list[str] = []
+        for i, item in enumerate(items):
+            rebuilt.extend(argv_edits.get((where, i), [item]))
+        lists[where] = rebuilt
+    command, args = lists["command"], lists["args"]
+    if appended:
+        if args is not None or command is None:
+            args = (args or []) + appended
+        else:
+            command = command + appended
+    return command, args
+
+
+def _replace(tok: Token, text: str, parsed: ParsedCommand, argv_edits: dict, span_edits: list) -> None:
+    if parsed.shell and tok.span:
+        quoted = text if " " in text and text.startswith("--") else _quote_shell(text)
+        span_edits.append((tok.span[0], tok.span[1], quoted))
+    else:
+        argv_edits[(tok.where, tok.index)] = [text]
+
+
+def _remove_use(use: FlagUse, parsed: ParsedCommand, argv_edits: dict, span_edits: list) -> None:
+    for tok in (use.flag_token, use.value_token):
+        if tok is None:
+            continue
+        if parsed.shell and tok.span:
+            span_edits.append((tok.span[0], tok.span[1], ""))
+        else:
+            argv_edits[(tok.where, tok.index)] = []

@@ -1,0 +1,141 @@
+"""Typed records that cross module boundaries.
+
+The flow is one way: Evidence -> LogFacts -> Diagnosis -> Proposal -> (message, patch).
+Everything here is plain data; the functions that produce it live in their own modules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ChangeKind = Literal["flag", "env", "volume", "resources", "probe"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Change(Frozen):
+    """One edit to the vLLM container.
+
+    flag: name in --dash-form, after "true" for a boolean being added, None for removed.
+    env: variable name.  volume: the mount path (/dev/shm).  resources: limits.memory,
+    limits.nvidia.com/gpu, requests.memory.  probe: startupProbe.
+    """
+
+    kind: ChangeKind
+    name: str
+    before: str | None = None
+    after: str | None = None
+
+
+class LogText(Frozen):
+    """The previous container's log: a file to stream, or text already in memory."""
+
+    path: Path | None = None
+    text: str | None = None
+    truncated_middle: bool = False  # head and tail were kept, the middle was dropped
+
+    def describe(self) -> str:
+        return str(self.path) if self.path else f"<{len(self.text or '')} chars of log text>"
+
+
+class Evidence(Frozen):
+    """What an on-call engineer would collect: kubectl logs --previous and get -o yaml."""
+
+    log: LogText
+    pod: dict[str, Any] | None = None
+    node: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    container: str | None = None  # the crashed container; None = the first vLLM-looking one
+    source: str = ""  # bundle folder or "namespace/pod" for humans
+
+
+class ContainerView(Frozen):
+    """The parts of the pod a diagnosis reads, with Kubernetes' nesting flattened."""
+
+    name: str
+    image: str = ""
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+    requests: dict[str, str] = Field(default_factory=dict)
+    mounts: dict[str, str] = Field(default_factory=dict)  # mountPath -> volume name
+    has_liveness_probe: bool = False
+    has_startup_probe: bool = False
+    liveness_budget_seconds: int | None = None  # initialDelay + period * failureThreshold
+    restart_count: int = 0
+    last_exit_code: int | None = None
+    last_reason: str | None = None
+    last_finished_after_seconds: float | None = None  # how long the previous run lived
+
+
+class PodView(Frozen):
+    namespace: str = ""
+    name: str = ""
+    node_name: str | None = None
+    container: ContainerView | None = None
+    shm_volume: dict[str, Any] | None = None  # the volume mounted at /dev/shm, if any
+    host_ipc: bool = False
+    owner_kind: str | None = None
+    owner_name: str | None = None
+    event_reasons: list[str] = Field(default_factory=list)
+    event_messages: list[str] = Field(default_factory=list)
+
+
+class NodeView(Frozen):
+    name: str | None = None
+    gpu_product: str | None = None
+    gpu_memory_mib: int | None = None
+    gpu_count: int | None = None
+    gpu_capacity: int | None = None
+    mig_strategy: str | None = None
+    sharing_strategy: str | None = None
+    replicas: int | None = None
+    memory_allocatable_bytes: int | None = None
+
+
+class DiagnosisResult(Frozen):
+    """What the diagnoser concluded. cause None means: no known cause, and no change."""
+
+    cause: str | None
+    title: str
+    explanation: str
+    evidence: list[str] = Field(default_factory=list)
+    changes: list[Change] = Field(default_factory=list)
+    confidence: Literal["high", "medium", "low"] = "high"
+    stage: str | None = None
+    memory_picture: str = ""
+    command_before: list[str] = Field(default_factory=list)  # full argv as the container runs it
+    command_after: list[str] = Field(default_factory=list)
+    container: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    node: str | None = None
+    gpu: str | None = None
+    restarts: int | None = None
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+    def to_public_json(self) -> dict[str, Any]:
+        """The documented `diagnose --format json` object."""
+        return {
+            "cause": self.cause,
+            "title": self.title,
+            "explanation": self.explanation,
+            "evidence": list(self.evidence),
+            "changes": [c.model_dump() for c in self.changes],
+            "confidence": self.confidence,
+            "stage": self.stage,
+            "memory_picture": self.memory_picture,
+            "command_before": self.command_before,
+            "command_after": self.command_after,
+            "facts": self.facts,
+        }
+
+
+class BundleError(Exception):
+    """An evidence bundle or log that cannot be read at all (not a diagnosis)."""
