@@ -1,16 +1,86 @@
-"""`vllm-oncall` command line: diagnose and eval here; cluster and chat commands register themselves."""
+"""`vllm-oncall` command line.
+
+diagnose and eval live here; the cluster commands (why, collect, apply, rollback, fix) and the
+chat commands (serve, demo) register themselves from bot.cli_kube and bot.cli_serve.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from bot import cli_kube, cli_serve
+from bot.models import BundleError
+from bot.playbooks import PlaybookError
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from bot.diagnose import diagnose
+    from bot.evidence import load_bundle, load_log
+    from bot.playbooks import load_dir
+    from bot.render import render_text
+
+    if not args.bundle and not args.log:
+        raise BundleError("give an evidence bundle folder, or --log FILE")
+    evidence = load_log(args.log) if args.log else load_bundle(args.bundle)
+    books = load_dir(args.playbooks) if args.playbooks else None
+    result = diagnose(evidence, books)
+    if args.format == "json":
+        print(json.dumps(result.to_public_json(), indent=2))
+    else:
+        print(render_text(result))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from bot.evaluate import evaluate, format_report
+
+    corpus = Path(args.corpus)
+    if not corpus.is_dir():
+        raise BundleError(f"{corpus}: no such corpus folder")
+    results, summary = evaluate(corpus)
+    if args.format == "json":
+        print(json.dumps({"cases": [r.model_dump() for r in results], "summary": summary}, indent=2))
+    else:
+        print(format_report(results, summary))
+    if args.min_right is not None and summary["causes_right"] < args.min_right:
+        return 1
+    return 1 if args.strict and summary["wrong_confident_fixes"] else 0
+
+
+def cmd_playbooks(args: argparse.Namespace) -> int:
+    from bot.playbooks import load_dir
+
+    for book in load_dir(args.playbooks):
+        changes = sorted({f"{k} {n}" for k, n in book.allowed()})
+        print(f"{book.id:<30} {book.summary}  [{', '.join(changes)}]")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-oncall", description=__doc__)
+    parser = argparse.ArgumentParser(prog="vllm-oncall", description="Diagnose vLLM start-up crashes on Kubernetes.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("diagnose", help="diagnose an evidence bundle folder (or a log file)")
+    p.add_argument("bundle", nargs="?", help="folder with previous.log and optional pod.yaml, node.yaml, events.yaml")
+    p.add_argument("--log", help="a log file alone")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--playbooks", help="playbooks folder (default: the bundled playbooks/)")
+    p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("eval", help="score the diagnoser on a folder of labelled bundles")
+    p.add_argument("corpus")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--min-right", type=int, help="exit 1 when fewer causes are right")
+    p.add_argument("--strict", action="store_true", help="exit 1 on any wrong confident fix")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("playbooks", help="list the causes and what each may change")
+    p.add_argument("--playbooks", help="playbooks folder")
+    p.set_defaults(func=cmd_playbooks)
+
     cli_kube.register(sub)
     cli_serve.register(sub)
     return parser
@@ -19,7 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (BundleError, PlaybookError) as exc:
+        print(f"vllm-oncall: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

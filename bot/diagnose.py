@@ -1,9 +1,217 @@
-"""Evidence in, DiagnosisResult out. Pure: reads the log file, never the network."""
+"""Evidence in, DiagnosisResult out. Pure: reads the log file, never the network.
+
+Steps: one pass over the log (bot.logfacts) -> signals from log, pod, node and command line
+(bot.signals) -> the most specific playbook whose conditions hold (bot.playbooks) -> the
+first of its fixes whose values the evidence can compute (bot.formulas) -> the container's
+command line before and after (bot.cmdline). No playbook: "no known cause", no change.
+"""
 
 from __future__ import annotations
 
-from bot.models import DiagnosisResult, Evidence
+import re
+import shlex
+import string
+from typing import Any, Iterable
+
+from bot import cmdline, render
+from bot.evidence import node_view, pod_view
+from bot.formulas import FORMULAS, Computed, Context
+from bot.logfacts import LogFacts, extract
+from bot.models import BundleError, Change, DiagnosisResult, Evidence
+from bot.playbooks import Condition, Playbook, default_playbooks
+from bot.signals import Signals, compute
+
+MAX_EVIDENCE_LINES = 10
+MAX_EVIDENCE_CHARS = 400
 
 
-def diagnose(evidence: Evidence, playbooks=None) -> DiagnosisResult:  # filled in below (WIP)
-    return DiagnosisResult(cause=None, title="No known cause", explanation="(work in progress)")
+def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) -> DiagnosisResult:
+    books = list(playbooks) if playbooks is not None else list(default_playbooks())
+    literals = [lit for b in books for lit in b.literals()]
+    try:
+        facts = extract(evidence.log, literals)
+    except OSError as exc:
+        raise BundleError(f"{evidence.log.describe()}: cannot read the log ({exc.strerror or exc})") from None
+    pod = pod_view(evidence)
+    node = node_view(evidence)
+    container = pod.container
+    parsed = cmdline.parse(container.command if container else None, container.args if container else None)
+    signals = compute(facts, pod, node, parsed)
+    ctx = Context(signals=signals, facts=facts, cmd=parsed, pod=pod, node=node, raw_pod=evidence.pod)
+
+    base = dict(
+        container=container.name if container else None,
+        pod=pod.name or None,
+        namespace=pod.namespace or None,
+        node=pod.node_name,
+        gpu=_gpu_text(node),
+        restarts=container.restart_count if container else None,
+        command_before=parsed.argv(),
+        memory_picture=render.memory_picture(signals),
+        facts=_public_facts(signals),
+        stage=signals.get("stage"),
+    )
+
+    if facts.binary:
+        return DiagnosisResult(cause=None, title="The log is not text",
+                               explanation="The previous container's log holds binary data, so there is nothing to read. "
+                                           "No change is proposed.", confidence="low", **base)
+
+    for book in sorted(books, key=lambda b: -b.priority):
+        matched_lines: list[str] = []
+        if not all(_holds(c, signals, facts, matched_lines) for c in book.when):
+            continue
+        changes, arithmetic, note = _first_fix(book, ctx)
+        new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
+        explanation = _fill(book.explanation, signals)
+        if arithmetic:
+            explanation += "\n" + "\n".join(arithmetic)
+        if note:
+            explanation += "\n" + note
+        if not changes:
+            explanation += "\nThe evidence does not hold the numbers to compute a safe change; none is proposed."
+        return DiagnosisResult(
+            cause=book.id,
+            title=book.title,
+            explanation=explanation,
+            evidence=_evidence_lines(book, signals, matched_lines, facts),
+            changes=changes,
+            confidence=book.confidence if changes else "low",
+            command_after=list(new_command or []) + list(new_args or []),
+            **base,
+        )
+
+    return _unknown(facts, signals, base)
+
+
+def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str]) -> bool:
+    if cond.log is not None:
+        literal = cond.literal or ""
+        regex = re.compile(cond.log)
+        for _, line in facts.hit_lines:
+            if literal in line and regex.search(line):
+                matched.append(line)
+                return True
+        return False
+    if cond.any is not None:
+        return any(_holds(c, signals, facts, matched) for c in cond.any)
+    if cond.all is not None:
+        return all(_holds(c, signals, facts, matched) for c in cond.all)
+    if cond.not_ is not None:
+        return not _holds(cond.not_, signals, facts, [])
+    value = signals.get(cond.signal or "")
+    if cond.is_ is not None:
+        ok = value == cond.is_
+    elif cond.in_ is not None:
+        ok = value in cond.in_
+    elif any(x is not None for x in (cond.above, cond.below, cond.at_least, cond.at_most)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False
+        ok = ((cond.above is None or value > cond.above) and (cond.below is None or value < cond.below)
+              and (cond.at_least is None or value >= cond.at_least) and (cond.at_most is None or value <= cond.at_most))
+    else:
+        ok = bool(value)
+    if ok and cond.signal in signals.lines:
+        matched.append(signals.lines[cond.signal])
+    return ok
+
+
+def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], str | None]:
+    for fix in book.fixes:
+        computed: list[tuple[Any, Computed]] = []
+        for spec in fix.changes:
+            result = FORMULAS[spec.value](ctx)
+            if result is None or not _within_bounds(result.after, spec.min, spec.max):
+                break
+            computed.append((spec, result))
+        else:
+            changes = [Change(kind=spec.kind, name=spec.name, before=r.before, after=r.after) for spec, r in computed]
+            arithmetic = [f"Proposed: {c.name} {c.after}. {r.arithmetic}" if c.kind != "probe" else
+                          f"Proposed: a {c.name}. {r.arithmetic}" for c, (_, r) in zip(changes, computed)]
+            return changes, arithmetic, fix.note
+    return [], [], None
+
+
+def _within_bounds(value: str | None, lo: float | None, hi: float | None) -> bool:
+    if value is None:
+        return False
+    if lo is None and hi is None:
+        return True
+    m = re.match(r"^(\d+(?:\.\d+)?)", value)
+    if not m:
+        return True
+    number = float(m.group(1))
+    return (lo is None or number >= lo) and (hi is None or number <= hi)
+
+
+class _Blank(string.Formatter):
+    def get_value(self, key: Any, args: Any, kwargs: Any) -> Any:
+        value = kwargs.get(key)
+        return "unknown" if value is None else value
+
+    def format_field(self, value: Any, spec: str) -> str:
+        if isinstance(value, float) and not spec:
+            return f"{value:,.2f}".rstrip("0").rstrip(".")
+        if isinstance(value, int) and not isinstance(value, bool) and not spec:
+            return f"{value:,}"
+        try:
+            return super().format_field(value, spec)
+        except (ValueError, TypeError):
+            return str(value)
+
+
+def _fill(template: str, signals: Signals) -> str:
+    return _Blank().format(template, **signals.values)
+
+
+def _evidence_lines(book: Playbook, signals: Signals, matched: list[str], facts: LogFacts) -> list[str]:
+    lines: list[str] = []
+    for line in matched + [signals.lines.get(name, "") for name in book.evidence]:
+        line = (line or "").strip()
+        if line and line not in lines:
+            lines.append(line[:MAX_EVIDENCE_CHARS])
+    if not lines and facts.tail:
+        lines = [t.strip()[:MAX_EVIDENCE_CHARS] for t in facts.tail[-3:]]
+    return lines[:MAX_EVIDENCE_LINES]
+
+
+def _unknown(facts: LogFacts, signals: Signals, base: dict[str, Any]) -> DiagnosisResult:
+    errors = [e.line for e in facts.errors if e.value not in {"KeyboardInterrupt", "SystemExit"}]
+    evidence = list(dict.fromkeys(errors[-3:])) if errors else [t.strip() for t in facts.tail[-5:] if t.strip()]
+    if facts.byte_count == 0:
+        why = "The previous container's log is empty: the container died before printing anything, or its log was rotated away."
+    elif not facts.recognised:
+        why = ("The log is in a format this bot does not recognise (no vLLM or PyTorch start-up lines). "
+               "The last lines are shown below.")
+    elif errors:
+        why = ("vLLM failed, but not in a way any playbook recognises as a memory or start-up cause. "
+               "The error is shown below; no change is proposed.")
+    else:
+        why = "No crash cause was found in the log; the last lines are shown below. No change is proposed."
+    return DiagnosisResult(cause=None, title="No known cause", explanation=why,
+                           evidence=[e[:MAX_EVIDENCE_CHARS] for e in evidence][:MAX_EVIDENCE_LINES],
+                           confidence="low", **base)
+
+
+def _gpu_text(node: Any) -> str | None:
+    if not node.gpu_product and not node.gpu_memory_mib:
+        return None
+    parts = [node.gpu_product or "GPU"]
+    if node.gpu_memory_mib:
+        parts.append(f"{node.gpu_memory_mib / 1024:.0f} GiB")
+    if node.gpu_count:
+        parts.append(f"x{node.gpu_count}")
+    return " ".join(parts)
+
+
+_PUBLIC = ["stage", "engine", "vllm_version", "gpu_total_gib", "weights_gib", "available_kv_gib", "kv_capacity_tokens_effective",
+           "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "pod_gpus", "other_processes_gib",
+           "oom_tried_gib", "exit_code"]
+
+
+def _public_facts(signals: Signals) -> dict[str, Any]:
+    return {k: signals.values[k] for k in _PUBLIC if signals.values.get(k) is not None}
+
+
+def command_text(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

@@ -1,0 +1,546 @@
+"""Named formulas that turn evidence numbers into a proposed value, with the arithmetic shown.
+
+A playbook's change says `value: <formula name>`. Each formula returns a Computed (the new
+value, the current one, and one sentence of arithmetic a human can check) or None when the
+evidence does not hold the numbers it needs; then the playbook's next fix is tried.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from bot.cmdline import ParsedCommand
+from bot.evidence import format_gib_quantity, parse_quantity
+from bot.logfacts import LogFacts
+from bot.models import NodeView, PodView
+from bot.signals import Signals, gib
+
+
+@dataclass
+class Context:
+    signals: Signals
+    facts: LogFacts
+    cmd: ParsedCommand
+    pod: PodView
+    node: NodeView
+    raw_pod: dict[str, Any] | None
+
+
+@dataclass
+class Computed:
+    after: str | None
+    before: str | None
+    arithmetic: str
+
+
+Formula = Callable[[Context], Computed | None]
+FORMULAS: dict[str, Formula] = {}
+
+
+def formula(fn: Formula) -> Formula:
+    FORMULAS[fn.__name__] = fn
+    return fn
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def version_tuple(text: str | None) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def default_utilization(ctx: Context) -> float:
+    """vLLM's default --gpu-memory-utilization: 0.9, raised to 0.92 in 0.22."""
+    return 0.92 if version_tuple(ctx.signals.get("vllm_version")) >= (0, 22) else 0.9
+
+
+def current_utilization(ctx: Context) -> tuple[float, str | None]:
+    """(value in effect, value as the manifest spells it or None when the flag is absent)."""
+    raw = ctx.cmd.get("--gpu-memory-utilization")
+    if raw is not None:
+        try:
+            return float(raw), raw
+        except ValueError:
+            pass
+    logged = ctx.signals.get("gpu_memory_utilization") or ctx.signals.get("config_gpu_memory_utilization")
+    return (float(logged) if logged else default_utilization(ctx)), None
+
+
+def floor_pow2(n: float) -> int:
+    return 1 if n < 2 else 2 ** int(math.floor(math.log2(n)))
+
+
+def ceil_pow2(n: float) -> int:
+    return 1 if n <= 1 else 2 ** int(math.ceil(math.log2(n - 1e-9)))
+
+
+def round_down_len(tokens: int) -> int:
+    """A sensible --max-model-len not above `tokens`: multiples of 1024, 256 or 16."""
+    for step, floor in ((1024, 8192), (256, 1024), (16, 16)):
+        if tokens >= floor:
+            return tokens // step * step
+    return max(1, tokens)
+
+
+def fmt_util(u: float) -> str:
+    return f"{u:.2f}"
+
+
+def before_text(raw: str | None, effective: Any) -> str:
+    """The value in effect: the manifest's spelling when the flag is set, else vLLM's own."""
+    return raw if raw is not None else str(effective)
+
+
+def current_int(ctx: Context, flag: str, config_key: str) -> tuple[int | None, str | None]:
+    raw = ctx.cmd.get(flag)
+    if raw is not None:
+        try:
+            return int(float(raw)), raw
+        except ValueError:
+            return None, raw
+    logged = ctx.signals.get(config_key)
+    return (int(logged), None) if logged else (None, None)
+
+
+# ---- --max-model-len ------------------------------------------------------------------------
+
+
+@formula
+def max_model_len_that_fits(ctx: Context) -> Computed | None:
+    s = ctx.signals
+    current = s.get("max_model_len")
+    raw = ctx.cmd.get("--max-model-len")
+    if s.get("estimated_max_len"):
+        cap, how = s.get("estimated_max_len"), f"vLLM estimates the longest context that fits at {s.get('estimated_max_len'):,} tokens"
+    elif s.get("kv_capacity_tokens"):
+        cap, how = s.get("kv_capacity_tokens"), f"the KV cache holds {s.get('kv_capacity_tokens'):,} tokens"
+    elif s.get("kv_needed_gib") and s.get("available_kv_gib") and current:
+        cap = int(current * s.get("available_kv_gib") / s.get("kv_needed_gib"))
+        how = (f"{current:,} tokens need {gib(s.get('kv_needed_gib'))} of KV cache but {gib(s.get('available_kv_gib'))} "
+               f"is available, so about {current:,} x {s.get('available_kv_gib')} / {s.get('kv_needed_gib')} = {cap:,} tokens fit")
+    elif s.get("kv_capacity_tokens_effective"):
+        cap = s.get("kv_capacity_tokens_effective")
+        blocks = s.get("gpu_blocks")
+        how = (f"{blocks:,} KV blocks x 16 tokens = {cap:,} tokens" if blocks is not None
+               else f"the KV cache holds {cap:,} tokens")
+    else:
+        return None
+    if cap <= 0:
+        return None
+    new = round_down_len(int(cap))
+    if current and new >= current:
+        return None
+    text = f"{how}; rounded down to {new:,}"
+    if current:
+        text += f" (was {current:,})"
+    return Computed(after=str(new), before=raw if raw is not None else (str(current) if current else None),
+                    arithmetic=text + ".")
+
+
+# ---- --gpu-memory-utilization ------------------------------------------------------------
+
+
+@formula
+def utilization_for_free_memory(ctx: Context) -> Computed | None:
+    """Ask for no more than the GPU had free at start-up (or what other processes left)."""
+    s = ctx.signals
+    util, raw = current_utilization(ctx)
+    total = s.get("gpu_total_gib")
+    if s.get("free_at_start_gib") is not None and total:
+        free = s.get("free_at_start_gib")
+        margin = 0.1
+        new = math.floor((free - margin) / total * 100) / 100
+        text = (f"{gib(free)} of {gib(total)} was free at start-up but utilization {util} asks for "
+                f"{util} x {gib(total)} = {gib(util * total)}; ({free} - {margin} GiB margin) / {total} = "
+                f"{(free - margin) / total:.4f}, rounded down to {fmt_util(new)}")
+    elif s.get("other_processes_gib") and total:
+        others = s.get("other_processes_gib")
+        usable = total - others - 0.5
+        new = math.floor(usable / total * 100) / 100
+        text = (f"other processes held {gib(others)} of the {gib(total)} GPU; ({total} - {others} - 0.5 GiB margin) "
+                f"/ {total} = {usable / total:.4f}, rounded down to {fmt_util(new)}")
+    else:
+        return None
+    if new <= 0.05 or new >= util:
+        return None
+    return Computed(after=fmt_util(new), before=before_text(raw, util),
+                    arithmetic=text + ".")
+
+
+@formula
+def utilization_raise_for_kv(ctx: Context) -> Computed | None:
+    """Give the KV cache room: from the profiling breakdown when the log has it, else one step."""
+    s = ctx.signals
+    util, raw = current_utilization(ctx)
+    total = s.get("total_gpu_gib") or s.get("gpu_total_gib")
+    weights, act, non_torch = s.get("weights_gib"), s.get("activation_gib"), s.get("non_torch_gib")
+    cap = 0.95
+    if total and weights is not None and act is not None and non_torch is not None and s.get("engine") == "v0" \
+            and act > weights:  # 0.6.4 prints the peak incl. weights
+        act = act - weights
+    if total and weights is not None and act is not None:
+        need_kv = max(1.0, s.get("kv_needed_gib") or 1.0)
+        need = weights + act + (non_torch or 0.0) + need_kv
+        new = math.ceil(need / total * 100) / 100 + 0.02
+        text = (f"weights {gib(weights)} + activations {gib(act)} + non-torch {gib(non_torch or 0)} + at least "
+                f"{gib(need_kv)} of KV cache = {gib(need)} of {gib(total)} = {need / total:.3f}, plus 0.02 headroom")
+        if util < new <= cap:
+            return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".")
+    if util < 0.85:
+        new, why = 0.90, f"{util} leaves too little after weights and activations; 0.90 is vLLM's long-standing default"
+    elif util < cap - 0.005:
+        new = cap
+        extra = f" = {gib((cap - util) * total)} more" if total else ""
+        why = f"raising {util} to {cap} gives the KV cache {cap - util:.2f} x {gib(total) if total else 'the GPU'}{extra}"
+    else:
+        return None
+    return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=why + ".")
+
+
+@formula
+def utilization_lower_for_headroom(ctx: Context) -> Computed | None:
+    """Leave memory outside vLLM's budget for what it does not count (graphs, sampler)."""
+    s = ctx.signals
+    util, raw = current_utilization(ctx)
+    total = s.get("gpu_total_gib")
+    if not total:
+        return None
+    room = max(s.get("graph_gib") or 0.0, s.get("oom_tried_gib") or 0.0, 1.0)
+    new = math.floor((util - room / total) * 100) / 100
+    if new <= 0.3 or new >= util:
+        return None
+    text = f"{util} - {gib(room)} / {gib(total)} = {util - room / total:.4f}, rounded down to {fmt_util(new)}"
+    return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".")
+
+
+# ---- boolean and count flags ------------------------------------------------------------
+
+
+@formula
+def enforce_eager_on(ctx: Context) -> Computed | None:
+    if ctx.signals.get("enforce_eager"):
+        return None
+    return Computed(after="true", before=ctx.cmd.get("--enforce-eager"),
+                    arithmetic="eager mode skips CUDA-graph capture, which needs memory outside "
+                               "--gpu-memory-utilization (vLLM: 'CUDA graphs can take additional 1~3 GiB memory per GPU').")
+
+
+@formula
+def max_num_seqs_below_warmup(ctx: Context) -> Computed | None:
+    n = ctx.signals.get("sampler_oom_requests")
+    if not n:
+        return None
+    current, raw = current_int(ctx, "--max-num-seqs", "config_max_num_seqs")
+    base = min(n, current) if current else n
+    new = floor_pow2(base / 2)
+    if new < 1 or new >= base:
+        return None
+    return Computed(after=str(new), before=raw if raw is not None else str(n),
+                    arithmetic=f"the sampler warm-up ran out of memory with {n} dummy requests; half of that, "
+                               f"rounded down to a power of two, is {new}.")
+
+
+def _multimodal_profile(ctx: Context) -> bool:
+    return any("multi-modal" in line or "multimodal" in line for _, line in ctx.facts.hit_lines[:2000])
+
+
+def _shrink_ratio(ctx: Context) -> tuple[float, str]:
+    s = ctx.signals
+    tried, free = s.get("oom_tried_gib"), s.get("oom_free_gib")
+    if tried and free is not None:
+        avail = free + (s.get("oom_reserved_unallocated_gib") or 0.0)
+        ratio = max(0.05, min(0.5, avail / tried))
+        return ratio, (f"the failed allocation was {gib(tried)} with {gib(avail)} available, so the profiling batch must "
+                       f"shrink to at most {avail:.2f}/{tried:.2f} = {avail / tried:.2f} of its size (capped at 0.5)")
+    return 0.25, "the log does not say how much was missing; a quarter of the batch is a conservative step"
+
+
+@formula
+def profile_max_num_seqs(ctx: Context) -> Computed | None:
+    """V0 and multimodal profiling runs max_num_seqs dummy sequences at once."""
+    if ctx.signals.get("engine") != "v0" and not _multimodal_profile(ctx):
+        return None
+    current, raw = current_int(ctx, "--max-num-seqs", "config_max_num_seqs")
+    base = current or 256
+    ratio, why = _shrink_ratio(ctx)
+    new = floor_pow2(base * ratio)
+    if new >= base:
+        return None
+    return Computed(after=str(new), before=raw if raw is not None else str(base),
+                    arithmetic=f"{why}; {base} x {ratio:.2f} = {base * ratio:.1f}, rounded down to a power of two: {new}.")
+
+
+@formula
+def profile_max_num_batched_tokens(ctx: Context) -> Computed | None:
+    """V1 profiles one batch of max_num_batched_tokens tokens."""
+    current, raw = current_int(ctx, "--max-num-batched-tokens", "config_max_num_batched_tokens")
+    total = ctx.signals.get("gpu_total_gib") or 0
+    base = current or (8192 if total >= 70 else 2048)
+    ratio, why = _shrink_ratio(ctx)
+    new = max(256, floor_pow2(base * ratio))
+    if new >= base:
+        return None
+    return Computed(after=str(new), before=raw if raw is not None else str(base),
+                    arithmetic=f"{why}; {base} x {ratio:.2f} = {base * ratio:.0f}, rounded down to a power of two: {new}.")
+
+
+# ---- parallelism and GPUs --------------------------------------------------------------
+
+
+@formula
+def tensor_parallel_for_pod_gpus(ctx: Context) -> Computed | None:
+    s = ctx.signals
+    gpus = s.get("pod_gpus") or s.get("gpus_visible")
+    if not gpus:
+        return None
+    pp = s.get("pipeline_parallel_size") or 1
+    new = floor_pow2(max(1, gpus // pp))
+    current, raw = current_int(ctx, "--tensor-parallel-size", "config_tensor_parallel_size")
+    current = current or (s.get("world_size_required") // pp if s.get("world_size_required") else None)
+    if current is not None and new >= current:
+        return None
+    text = f"the pod gets {gpus} GPU(s)"
+    if pp > 1:
+        text += f" and pipeline parallelism is {pp}, so {gpus} // {pp} = {gpus // pp}"
+    if new != gpus // pp:
+        text += f"; tensor parallelism must divide the attention heads, so the largest power of two is {new}"
+    else:
+        text += f", so --tensor-parallel-size {new}"
+    if current:
+        text += f" (was {current})"
+    return Computed(after=str(new), before=raw if raw is not None else (str(current) if current else None),
+                    arithmetic=text + ".")
+
+
+def _weights_total(ctx: Context) -> float | None:
+    s = ctx.signals
+    per_gpu = s.get("weights_estimate_gib")
+    if per_gpu is None:
+        return None
+    return per_gpu * max(1, s.get("world_size") or 1)
+
+
+def _tp_needed(ctx: Context) -> tuple[int, str] | None:
+    s = ctx.signals
+    total_w, gpu = _weights_total(ctx), s.get("gpu_total_gib")
+    if total_w is None or not gpu:
+        return None
+    per = 0.8 * gpu
+    need = ceil_pow2(total_w / per)
+    return need, (f"the weights are about {gib(total_w)} (parameter count x bytes per parameter); one GPU "
+                  f"can hold 80% x {gib(gpu)} = {gib(per)} of them next to activations and KV cache, so "
+                  f"{total_w:.1f} / {per:.1f} = {total_w / per:.2f} -> {need} GPUs")
+
+
+@formula
+def tensor_parallel_for_weights_on_node(ctx: Context) -> Computed | None:
+    need = _tp_needed(ctx)
+    node_gpus = ctx.node.gpu_count or ctx.node.gpu_capacity
+    if need is None or not node_gpus or need[0] > node_gpus:
+        return None
+    return tensor_parallel_for_weights(ctx)
+
+
+@formula
+def tensor_parallel_for_weights(ctx: Context) -> Computed | None:
+    need = _tp_needed(ctx)
+    current, raw = current_int(ctx, "--tensor-parallel-size", "config_tensor_parallel_size")
+    current = current or 1
+    if need is None:
+        new, text = current * 2, f"doubling tensor parallelism halves the weights each GPU holds ({current} -> {current * 2})"
+    else:
+        new, text = max(need[0], current * 2), need[1]
+    node_gpus = ctx.node.gpu_count or ctx.node.gpu_capacity
+    if node_gpus and new > node_gpus:
+        text += f"; this node has {node_gpus} GPU(s), so the pod must move to a node with {new}"
+    return Computed(after=str(new), before=raw if raw is not None else str(current), arithmetic=text + ".")
+
+
+@formula
+def gpu_limit_for_tensor_parallel(ctx: Context) -> Computed | None:
+    """Keep limits.nvidia.com/gpu equal to the new TP x PP (computed the same way as TP)."""
+    tp = tensor_parallel_for_weights(ctx)
+    if tp is None or tp.after is None:
+        return None
+    pp = ctx.signals.get("pipeline_parallel_size") or 1
+    want = int(tp.after) * pp
+    current = ctx.pod.container.limits.get("nvidia.com/gpu") if ctx.pod.container else None
+    if current is not None and int(float(current)) >= want:
+        return None
+    return Computed(after=str(want), before=current,
+                    arithmetic=f"the pod needs one GPU per tensor-parallel rank: {tp.after} x PP {pp} = {want}.")
+
+
+@formula
+def gpu_limit_for_world_size(ctx: Context) -> Computed | None:
+    s = ctx.signals
+    world = s.get("world_size_required") or s.get("world_size")
+    node_gpus = ctx.node.gpu_count or ctx.node.gpu_capacity
+    current = ctx.pod.container.limits.get("nvidia.com/gpu") if ctx.pod.container else None
+    if not world or not node_gpus or world > node_gpus or (current and int(float(current)) >= world):
+        return None
+    return Computed(after=str(world), before=current,
+                    arithmetic=f"TP x PP = {world} processes need {world} GPUs and the node has {node_gpus}.")
+
+
+@formula
+def half_precision_dtype(ctx: Context) -> Computed | None:
+    dtype = (ctx.cmd.get("--dtype") or ctx.signals.get("config_dtype") or "").lower()
+    if dtype not in {"float32", "float", "fp32"}:
+        return None
+    product = (ctx.node.gpu_product or "").upper()
+    old_arch = any(k in product for k in ("V100", "T4", "P100", "P40", "RTX-20", "2080", "TITAN"))
+    new = "float16" if old_arch else "bfloat16"
+    total = _weights_total(ctx)
+    size = f" ({gib(total)} -> {gib(total / 2)})" if total else ""
+    return Computed(after=new, before=ctx.cmd.get("--dtype") or dtype,
+                    arithmetic=f"float32 weights take 4 bytes per parameter, {new} takes 2: half the memory{size}"
+                               + ("; this GPU has no bfloat16, so float16" if old_arch else "") + ".")
+
+
+@formula
+def cpu_offload_for_weights(ctx: Context) -> Computed | None:
+    s = ctx.signals
+    total_w, gpu = _weights_total(ctx), s.get("gpu_total_gib")
+    if total_w is None or not gpu:
+        return None
+    util, _ = current_utilization(ctx)
+    world = max(1, s.get("world_size") or 1)
+    room = util * gpu - 2.0
+    per_gpu = total_w / world
+    offload = math.ceil(per_gpu - room)
+    if offload <= 0 or offload > 0.5 * per_gpu:
+        return None  # offloading most of the model is too slow to be a fix
+    limit = s.get("memory_limit_bytes")
+    if limit and offload * world * 2**30 > 0.6 * limit:
+        return None
+    return Computed(after=str(offload), before=ctx.cmd.get("--cpu-offload-gb"),
+                    arithmetic=f"per GPU the weights are {gib(per_gpu)} but {util} x {gib(gpu)} - 2 GiB for activations and "
+                               f"KV cache = {gib(room)} is left; {per_gpu:.2f} - {room:.2f} = {per_gpu - room:.2f}, rounded up: "
+                               f"offload {offload} GiB per GPU to CPU memory (slower, but it starts).")
+
+
+# ---- host memory, shm, probes, env ------------------------------------------------------
+
+
+@formula
+def memory_limit_raise(ctx: Context) -> Computed | None:
+    container = ctx.pod.container
+    if not container or not container.limits.get("memory"):
+        return None
+    current = parse_quantity(container.limits["memory"])
+    if not current:
+        return None
+    s = ctx.signals
+    world = max(1, s.get("world_size") or 1)
+    swap = float(ctx.cmd.get("--swap-space") or 0) if s.get("engine") == "v0" or ctx.cmd.get("--swap-space") else 0.0
+    pinned = (swap + float(ctx.cmd.get("--cpu-offload-gb") or 0)) * world * 2**30
+    new = max(current * 1.5, current + pinned)
+    new = int(math.ceil(new / (8 * 2**30)) * 8 * 2**30)
+    text = f"{container.limits['memory']} x 1.5"
+    if pinned:
+        text = f"max({text}, {container.limits['memory']} + {pinned / 2**30:.0f} GiB pinned swap/offload for {world} worker(s))"
+    text += f", rounded up to a multiple of 8 GiB = {format_gib_quantity(new)}"
+    alloc = ctx.node.memory_allocatable_bytes
+    if alloc and new > 0.9 * alloc:
+        new = int(0.9 * alloc) // 2**30 * 2**30
+        if new <= current:
+            return None
+        text += f", capped at 90% of the node's allocatable memory ({format_gib_quantity(new)})"
+    return Computed(after=format_gib_quantity(new), before=container.limits["memory"], arithmetic=text + ".")
+
+
+@formula
+def swap_space_off(ctx: Context) -> Computed | None:
+    raw = ctx.cmd.get("--swap-space")
+    if raw is None or float(raw) <= 0:
+        return None
+    world = max(1, ctx.signals.get("world_size") or 1)
+    return Computed(after="0", before=raw,
+                    arithmetic=f"--swap-space {raw} pins {raw} GiB of host RAM per GPU worker ({float(raw) * world:.0f} GiB for {world}).")
+
+
+@formula
+def shm_size(ctx: Context) -> Computed | None:
+    s = ctx.signals
+    if s.get("has_shm_volume") and not (s.get("shm_required_mib") and s.get("shm_free_mib") is not None):
+        return None
+    ranks = max(2, (s.get("world_size") or 1) * (s.get("data_parallel_size") or 1))
+    need_gib = max(2, ranks)
+    why = f"{ranks} communicating processes x 1 GiB (NCCL and vLLM's shared-memory queues), at least 2 GiB as vLLM's docs use"
+    if s.get("shm_required_mib"):
+        stated = s.get("shm_required_mib")
+        need_gib = max(need_gib, math.ceil(stated * 4 / 1024))
+        why += f"; the log asked for {stated:.0f} MiB, x4 headroom"
+    limit = s.get("memory_limit_bytes")
+    if limit:
+        cap = max(2, int(limit / 4 / 2**30))
+        if need_gib > cap:
+            need_gib = cap
+            why += f"; capped at a quarter of the {limit / 2**30:.0f} GiB memory limit (memory-backed emptyDir counts against it)"
+    current = None
+    shm = ctx.pod.shm_volume or {}
+    if shm:
+        current = str((shm.get("emptyDir") or {}).get("sizeLimit") or "unbounded")
+    return Computed(after=f"{need_gib}Gi", before=current,
+                    arithmetic=f"the container runtime gives /dev/shm 64 MiB by default; {why} = emptyDir medium Memory, sizeLimit {need_gib}Gi.")
+
+
+@formula
+def startup_probe_for_load(ctx: Context) -> Computed | None:
+    container = ctx.pod.container
+    raw_container = _raw_container(ctx)
+    if container is None or container.has_startup_probe:
+        return None
+    liveness = (raw_container or {}).get("livenessProbe") or {}
+    handler = {k: v for k, v in liveness.items() if k in {"httpGet", "tcpSocket", "exec", "grpc"}} or {
+        "httpGet": {"path": "/health", "port": 8000}}
+    period = 10
+    lived = container.last_finished_after_seconds
+    budget = container.liveness_budget_seconds
+    observed = lived or budget or 90
+    pct = ctx.signals.get("weights_progress_pct")
+    if pct and 0 < pct < 100:
+        estimate = observed * 100 / pct * 1.5
+        why = (f"the container was killed after {observed:.0f} s with weights {pct}% loaded; {observed:.0f} / {pct}% "
+               f"x 1.5 for profiling and CUDA graphs = {estimate:.0f} s")
+    else:
+        estimate = observed * 3
+        why = f"the container was killed after {observed:.0f} s while still loading; 3 x {observed:.0f} = {estimate:.0f} s"
+    window = int(min(3600, max(600, math.ceil(estimate / 60) * 60)))
+    threshold = window // period
+    probe = {**handler, "periodSeconds": period, "failureThreshold": threshold}
+    return Computed(after=json.dumps(probe, separators=(",", ":")), before=None,
+                    arithmetic=f"{why}; a startupProbe allows {threshold} x {period} s = {window} s (at least 10 minutes) "
+                               f"before the liveness probe starts counting.")
+
+
+def _raw_container(ctx: Context) -> dict[str, Any] | None:
+    pod = ctx.raw_pod or {}
+    name = ctx.pod.container.name if ctx.pod.container else None
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if c.get("name") == name:
+            return c
+    return None
+
+
+@formula
+def expandable_segments(ctx: Context) -> Computed | None:
+    s = ctx.signals
+    if s.get("sleep_mode") or s.get("alloc_conf_set"):
+        return None
+    container = ctx.pod.container
+    current = container.env.get("PYTORCH_CUDA_ALLOC_CONF") if container else None
+    new = f"{current},expandable_segments:True" if current else "expandable_segments:True"
+    unalloc, tried = s.get("oom_reserved_unallocated_gib"), s.get("oom_tried_gib")
+    text = "PyTorch's caching allocator had the memory but in pieces too small"
+    if unalloc is not None and tried is not None:
+        text = (f"{gib(unalloc)} was reserved by PyTorch but unallocated, more than the {gib(tried)} requested: "
+                f"the memory was there but fragmented")
+    return Computed(after=new, before=current,
+                    arithmetic=text + "; expandable segments let the allocator grow blocks instead of splitting them.")

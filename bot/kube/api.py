@@ -1,0 +1,171 @@
+"""The one place that calls the kubernetes client: raw JSON in and out, retries, clear errors.
+
+Objects are returned as plain dicts exactly as the API server sent them (camelCase, like
+`kubectl get -o json`), so `test` operations in a JSON Patch compare against the server's own
+representation and Evidence looks the same as a bundle read from disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from bot.kube.errors import KubeError, KubeForbidden
+from bot.kube.retry import RetryPolicy
+
+log = logging.getLogger("bot.kube")
+
+# kind -> (AppsV1Api method suffix, resource name for messages and RBAC)
+WORKLOAD_RESOURCES = {
+    "Deployment": ("deployment", "deployments"),
+    "StatefulSet": ("stateful_set", "statefulsets"),
+    "ReplicaSet": ("replica_set", "replicasets"),
+}
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def api_client_from_environment(context: str | None = None) -> client.ApiClient:
+    """In-cluster service account when running in a pod, else kubeconfig (optionally a context)."""
+    if context is None:
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException:
+            pass
+    cfg = client.Configuration()
+    config.load_kube_config(context=context, client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def status_message(exc: ApiException) -> str:
+    """The Status object's message, or the raw body."""
+    try:
+        body = json.loads(exc.body or "{}")
+        return str(body.get("message") or exc.reason or exc.status)
+    except (json.JSONDecodeError, AttributeError):
+        return str(exc.body or exc.reason or exc.status)
+
+
+class KubeApi:
+    """Thin, explicit wrapper: one method per API call the bot makes (see bot/kube/rbac.py)."""
+
+    def __init__(self, api_client: client.ApiClient, retry: RetryPolicy | None = None,
+                 request_timeout: float = 30.0):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.retry = retry or RetryPolicy()
+        self.request_timeout = request_timeout
+
+    # -- plumbing
+    def _call(self, verb: str, resource: str, namespace: str | None, fn: Callable[..., Any],
+              *args: Any, raw_text: bool = False, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", self.request_timeout)
+        kwargs["_preload_content"] = False
+
+        def once() -> Any:
+            response = fn(*args, **kwargs)
+            data = response.data
+            if raw_text:
+                return data.decode("utf-8", errors="replace")
+            return json.loads(data) if data else None
+
+        try:
+            return self.retry.call(f"{verb} {resource}", once)
+        except ApiException as exc:
+            if exc.status == 403:
+                raise KubeForbidden(verb, resource, namespace, status_message(exc)) from None
+            raise
+
+    # -- core
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call("get", "pods", namespace, self.core.read_namespaced_pod, name, namespace)
+
+    def list_pods(self, namespace: str, label_selector: str | None = None,
+                  field_selector: str | None = None) -> list[dict[str, Any]]:
+        return self._call("list", "pods", namespace, self.core.list_namespaced_pod, namespace,
+                          label_selector=label_selector, field_selector=field_selector)["items"]
+
+    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        return self._call("list", "pods", None, self.core.list_pod_for_all_namespaces,
+                          field_selector=f"spec.nodeName={node}")["items"]
+
+    def read_log(self, namespace: str, pod: str, container: str, previous: bool = False,
+                 limit_bytes: int | None = None, tail_lines: int | None = None) -> str:
+        return self._call("get", "pods/log", namespace, self.core.read_namespaced_pod_log, pod, namespace,
+                          container=container, previous=previous, limit_bytes=limit_bytes,
+                          tail_lines=tail_lines, raw_text=True)
+
+    def list_events(self, namespace: str, involved_name: str) -> list[dict[str, Any]]:
+        return self._call("list", "events", namespace, self.core.list_namespaced_event, namespace,
+                          field_selector=f"involvedObject.name={involved_name}")["items"]
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
+        return self._call("create", "events", namespace, self.core.create_namespaced_event, namespace, event)
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._call("get", "nodes", None, self.core.read_node, name)
+
+    # -- apps
+    def get_workload(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        method, resource = WORKLOAD_RESOURCES[kind]
+        obj = self._call("get", f"{resource}.apps", namespace,
+                         getattr(self.apps, f"read_namespaced_{method}"), name, namespace)
+        obj.setdefault("kind", kind)
+        obj.setdefault("apiVersion", "apps/v1")
+        return obj
+
+    def list_replicasets(self, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return self._call("list", "replicasets.apps", namespace, self.apps.list_namespaced_replica_set,
+                          namespace, label_selector=label_selector)["items"]
+
+    def patch_workload(self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]],
+                       dry_run: bool = False) -> dict[str, Any]:
+        """JSON Patch (RFC 6902). Conflicts (409/422) are raised as ApiException for the caller."""
+        method, resource = WORKLOAD_RESOURCES[kind]
+        return self._call("patch", f"{resource}.apps", namespace,
+                          getattr(self.apps, f"patch_namespaced_{method}"), name, namespace, ops,
+                          dry_run="All" if dry_run else None, _content_type=JSON_PATCH)
+
+    # -- custom resources (incidents)
+    def create_custom(self, group: str, version: str, namespace: str, plural: str,
+                      body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("create", f"{plural}.{group}", namespace, self.custom.create_namespaced_custom_object,
+                          group, version, namespace, plural, body)
+
+    def get_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict[str, Any]:
+        return self._call("get", f"{plural}.{group}", namespace, self.custom.get_namespaced_custom_object,
+                          group, version, namespace, plural, name)
+
+    def list_custom(self, group: str, version: str, namespace: str, plural: str,
+                    label_selector: str | None = None) -> list[dict[str, Any]]:
+        return self._call("list", f"{plural}.{group}", namespace, self.custom.list_namespaced_custom_object,
+                          group, version, namespace, plural, label_selector=label_selector)["items"]
+
+    def patch_custom(self, group: str, version: str, namespace: str, plural: str, name: str,
+                     body: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
+        """A dict is sent as a merge patch, a list as a JSON Patch."""
+        return self._call("patch", f"{plural}.{group}", namespace, self.custom.patch_namespaced_custom_object,
+                          group, version, namespace, plural, name, body,
+                          _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
+
+    def replace_custom(self, group: str, version: str, namespace: str, plural: str, name: str,
+                       body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("update", f"{plural}.{group}", namespace, self.custom.replace_namespaced_custom_object,
+                          group, version, namespace, plural, name, body)
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """409 (stale resourceVersion) or 422 with a failed `test` op: someone changed the object."""
+    return isinstance(exc, ApiException) and exc.status in (409, 422)
+
+
+def raise_as_kube_error(exc: ApiException, what: str) -> KubeError:
+    return KubeError(f"{what}: {exc.status} {status_message(exc)}", status=exc.status,
+                     reason=getattr(exc, "reason", None))

@@ -1,0 +1,202 @@
+"""Evidence from a live cluster: the same Evidence a bundle on disk gives, read through the API.
+
+- the previous container's log, its head (vLLM prints its engine config there) and its tail (where
+  it died), even when it is huge: the head with limitBytes, the tail with tailLines, and
+  LogText.truncated_middle=True when the middle was dropped. If the kubelet no longer has the
+  previous container's log, the current one is used and an Event-shaped note says so.
+- the pod's events, the node, and other pods on that node holding nvidia.com/gpu.
+
+Notes the bot adds (documented, so readers can rely on them):
+- evidence.events may contain an entry with reason "VllmOncallNote" (source.component
+  "vllm-oncall") saying what could not be read (previous log gone, node not readable).
+- node.metadata.annotations["vllm-oncall/gpu-pods"] is a JSON list of the *other* pods on the
+  node that request or limit nvidia.com/gpu: [{"pod": "ns/name", "gpus": "1", "phase": "Running"}].
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from bot.evidence import pick_container
+from bot.kube.api import KubeApi, status_message
+from bot.kube.errors import KubeForbidden, PodGone
+from bot.models import Evidence, LogText
+
+log = logging.getLogger("bot.kube")
+
+HEAD_BYTES = 512 * 1024  # the engine config and model loading lines are near the top
+TAIL_LINES = 3000  # the traceback and the last numbers before the crash
+GPU_PODS_ANNOTATION = "vllm-oncall/gpu-pods"
+MIDDLE_MARKER = "\n[... vllm-oncall: the middle of this log was not fetched ...]\n"
+
+
+def note(message: str, namespace: str, pod: str) -> dict[str, Any]:
+    return {"reason": "VllmOncallNote", "type": "Warning", "message": message,
+            "involvedObject": {"kind": "Pod", "namespace": namespace, "name": pod},
+            "source": {"component": "vllm-oncall"}}
+
+
+def get_pod_or_suggest(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:
+    """The pod, or PodGone naming close matches and the newest pod of the same workload."""
+    try:
+        return api.get_pod(namespace, name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    pods = api.list_pods(namespace)
+    names = [p["metadata"]["name"] for p in pods]
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+    raise PodGone(namespace, name, close, newest_of_workload=newest_sibling(name, pods))
+
+
+def newest_sibling(name: str, pods: list[dict[str, Any]]) -> str | None:
+    """The newest pod whose name has the same workload prefix (name minus its random suffixes)."""
+    parts = name.split("-")
+    for cut in (2, 1):  # Deployment pods: <deploy>-<rs hash>-<suffix>; StatefulSet: <sts>-<ordinal>
+        if len(parts) <= cut:
+            continue
+        prefix = "-".join(parts[:-cut]) + "-"
+        siblings = [p for p in pods if p["metadata"]["name"].startswith(prefix)
+                    and len(p["metadata"]["name"].split("-")) == len(parts)]
+        if siblings:
+            newest = max(siblings, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+            return newest["metadata"]["name"]
+    return None
+
+
+def read_head_and_tail(api: KubeApi, namespace: str, pod: str, container: str, previous: bool,
+                       head_bytes: int = HEAD_BYTES, tail_lines: int = TAIL_LINES) -> LogText:
+    """The log's beginning and end; the middle is dropped only when the log is larger than both."""
+    head = api.read_log(namespace, pod, container, previous=previous, limit_bytes=head_bytes + 1)
+    if len(head.encode("utf-8")) <= head_bytes:
+        return LogText(text=head)  # the whole log fit
+    head = head.encode("utf-8")[:head_bytes].decode("utf-8", errors="ignore")
+    head = head[: head.rfind("\n") + 1] if "\n" in head else head  # no half line at the cut
+    tail = api.read_log(namespace, pod, container, previous=previous, tail_lines=tail_lines)
+    joined, dropped = join_head_and_tail(head, tail)
+    return LogText(text=joined, truncated_middle=dropped)
+
+
+def join_head_and_tail(head: str, tail: str) -> tuple[str, bool]:
+    """Head + tail without repeating lines both contain; (text, whether a middle part is missing)."""
+    tail_lines = tail.splitlines(keepends=True)
+    if not tail_lines:
+        return head, True
+    head_lines = head.splitlines(keepends=True)
+    # If the tail starts inside the head, the two overlap and nothing is missing.
+    first = tail_lines[0]
+    for i in range(len(head_lines) - 1, -1, -1):
+        if head_lines[i] == first and head_lines[i:] == tail_lines[: len(head_lines) - i]:
+            return "".join(head_lines[:i]) + tail, False
+    return head + MIDDLE_MARKER + tail, True
+
+
+def read_crash_log(api: KubeApi, namespace: str, pod: str, container: str,
+                   head_bytes: int = HEAD_BYTES, tail_lines: int = TAIL_LINES) -> tuple[LogText, list[dict]]:
+    """The previous container's log; the current one (with a note) when the previous is gone."""
+    try:
+        return read_head_and_tail(api, namespace, pod, container, True, head_bytes, tail_lines), []
+    except ApiException as exc:
+        message = status_message(exc)
+        if exc.status != 400 or "previous terminated container" not in message and "not found" not in message:
+            raise
+    log.info("previous log of %s/%s[%s] is gone; using the current log", namespace, pod, container)
+    text = (f"The previous container's log is no longer available ({message}); "
+            f"diagnosing from the current container's log instead.")
+    return read_head_and_tail(api, namespace, pod, container, False, head_bytes, tail_lines), [
+        note(text, namespace, pod)]
+
+
+def requests_gpu(pod: dict[str, Any]) -> str | None:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get("nvidia.com/gpu")
+        try:
+            total += int(str(value)) if value is not None else 0
+        except ValueError:
+            continue
+    return str(total) if total else None
+
+
+def node_with_gpu_pods(api: KubeApi, node_name: str, namespace: str, pod_name: str) -> tuple[dict | None, list]:
+    """The Node, annotated with the other GPU pods on it; notes for what could not be read."""
+    notes: list[dict[str, Any]] = []
+    try:
+        node = api.get_node(node_name)
+    except (KubeForbidden, ApiException) as exc:
+        # Node access is cluster-scoped; a namespace-only install may lack it. Diagnose without it.
+        notes.append(note(f"node {node_name} could not be read: {exc}", namespace, pod_name))
+        return None, notes
+    try:
+        neighbours = api.list_pods_on_node(node_name)
+    except (KubeForbidden, ApiException) as exc:
+        notes.append(note(f"pods on node {node_name} could not be listed: {exc}", namespace, pod_name))
+        neighbours = []
+    gpu_pods = []
+    for p in neighbours:
+        meta = p.get("metadata") or {}
+        if (meta.get("namespace"), meta.get("name")) == (namespace, pod_name):
+            continue
+        phase = (p.get("status") or {}).get("phase")
+        gpus = requests_gpu(p)
+        if gpus and phase not in ("Succeeded", "Failed"):
+            gpu_pods.append({"pod": f"{meta.get('namespace')}/{meta.get('name')}", "gpus": gpus, "phase": phase})
+    node.setdefault("metadata", {}).setdefault("annotations", {})[GPU_PODS_ANNOTATION] = json.dumps(gpu_pods)
+    return node, notes
+
+
+def collect(api: KubeApi, namespace: str, pod_name: str, container: str | None = None,
+            head_bytes: int = HEAD_BYTES, tail_lines: int = TAIL_LINES) -> Evidence:
+    pod = get_pod_or_suggest(api, namespace, pod_name)
+    chosen = pick_container(pod, container)
+    if chosen is None:
+        raise ValueError(f"pod {namespace}/{pod_name} has no containers")
+    name = chosen["name"]
+    log_text, notes = read_crash_log(api, namespace, pod_name, name, head_bytes, tail_lines)
+    events = sorted(api.list_events(namespace, pod_name),
+                    key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    node = None
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    if node_name:
+        node, node_notes = node_with_gpu_pods(api, node_name, namespace, pod_name)
+        notes += node_notes
+    return Evidence(log=log_text, pod=pod, node=node, events=events + notes, container=name,
+                    source=f"{namespace}/{pod_name}")
+
+
+def write_bundle(evidence: Evidence, folder: Path, workload: dict[str, Any] | None = None) -> list[Path]:
+    """An evidence bundle bot.evidence.load_bundle reads back: previous.log, pod.yaml, node.yaml,
+    events.yaml, and the owning workload's manifest (deployment.yaml / statefulset.yaml)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    text = evidence.log.text if evidence.log.text is not None else Path(evidence.log.path or "").read_text()
+    (folder / "previous.log").write_text(text, encoding="utf-8")
+    written.append(folder / "previous.log")
+
+    def dump(name: str, doc: Any) -> None:
+        path = folder / name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000), encoding="utf-8")
+        written.append(path)
+
+    if evidence.pod:
+        dump("pod.yaml", {"apiVersion": "v1", "kind": "Pod", **_without_managed_fields(evidence.pod)})
+    if evidence.node:
+        dump("node.yaml", {"apiVersion": "v1", "kind": "Node", **_without_managed_fields(evidence.node)})
+    dump("events.yaml", {"apiVersion": "v1", "kind": "List", "items": evidence.events})
+    if workload and workload.get("kind") in ("Deployment", "StatefulSet"):
+        dump(f"{workload['kind'].lower()}.yaml", _without_managed_fields(workload))
+    return written
+
+
+def _without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(obj))
+    (out.get("metadata") or {}).pop("managedFields", None)
+    return out

@@ -1,0 +1,173 @@
+"""ClusterPort on a live cluster through the official kubernetes client."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+from kubernetes.client.exceptions import ApiException
+
+from bot import changes as ch
+from bot.kube import plan
+from bot.kube.api import KubeApi, api_client_from_environment, is_conflict, status_message
+from bot.kube.collect import HEAD_BYTES, TAIL_LINES, collect, get_pod_or_suggest
+from bot.kube.errors import PodGone
+from bot.kube.retry import RetryPolicy
+from bot.kube.verify import follow_rollout, pod_state, selector_string
+from bot.kube.workloads import resolve_owner
+from bot.models import DiagnosisResult, Evidence
+from bot.ports import ApplyResult, Proposal, Verification, WorkloadRef
+
+log = logging.getLogger("bot.kube")
+
+
+class LiveCluster:
+    """The bot's view of one Kubernetes cluster. Every API call goes through KubeApi (retries, 403s)."""
+
+    def __init__(self, api: KubeApi, name: str = "default", proposal_ttl: timedelta = timedelta(hours=1),
+                 poll_seconds: float = 5.0, head_bytes: int = HEAD_BYTES, tail_lines: int = TAIL_LINES,
+                 diagnose: Callable[[Evidence], DiagnosisResult] | None = None):
+        self.api = api
+        self.name = name
+        self.proposal_ttl = proposal_ttl
+        self.poll_seconds = poll_seconds
+        self.head_bytes = head_bytes
+        self.tail_lines = tail_lines
+        self._diagnose = diagnose
+
+    @classmethod
+    def from_environment(cls, name: str = "default", context: str | None = None,
+                         retry: RetryPolicy | None = None, **kwargs: Any) -> "LiveCluster":
+        return cls(KubeApi(api_client_from_environment(context), retry=retry), name=name, **kwargs)
+
+    # -- finding the pod
+    def resolve_pod(self, namespace: str, name: str) -> str:
+        """The pod itself, or the newest crashing (else newest) pod of a Deployment/StatefulSet `name`."""
+        try:
+            return get_pod_or_suggest(self.api, namespace, name)["metadata"]["name"]
+        except PodGone as gone:
+            for kind in ("Deployment", "StatefulSet"):
+                try:
+                    workload = self.api.get_workload(kind, namespace, name)
+                except ApiException as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+                pods = self.api.list_pods(namespace, label_selector=selector_string(workload))
+                if pods:
+                    container = ch.pod_spec_of(workload)["containers"][
+                        ch.container_index(ch.pod_spec_of(workload), None)]["name"]
+                    crashing = [p for p in pods if pod_state(p, container) == "crashed"]
+                    newest = max(crashing or pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+                    return newest["metadata"]["name"]
+            raise gone
+
+    def collect(self, namespace: str, pod: str, container: str | None = None) -> Evidence:
+        return collect(self.api, namespace, pod, container, self.head_bytes, self.tail_lines)
+
+    def _workload(self, evidence: Evidence) -> tuple[WorkloadRef, dict[str, Any]]:
+        if not evidence.pod:
+            raise ValueError("the evidence has no pod; cannot find its workload")
+        container = evidence.container or ch.pod_spec_of(evidence.pod)["containers"][
+            ch.container_index(ch.pod_spec_of(evidence.pod), None)]["name"]
+        return resolve_owner(self.api, evidence.pod, container)
+
+    def workload_for(self, evidence: Evidence) -> WorkloadRef:
+        return self._workload(evidence)[0]
+
+    # -- proposing
+    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
+        ref, obj = self._workload(evidence)
+        proposal = plan.make_proposal(self.name, ref, obj, diagnosis, self.proposal_ttl)
+        if proposal is None or ref.live_patch_blocked:
+            return proposal
+        try:
+            self.api.patch_workload(ref.kind, ref.namespace, ref.name, proposal.json_patch, dry_run=True)
+            return proposal.model_copy(update={"dry_run_ok": True, "dry_run_message": "server-side dry run passed"})
+        except ApiException as exc:
+            if exc.status not in (400, 409, 422):
+                raise
+            return proposal.model_copy(update={"dry_run_ok": False,
+                                               "dry_run_message": f"server-side dry run refused the patch: "
+                                                                  f"{status_message(exc)}"})
+
+    # -- applying
+    def apply(self, proposal: Proposal, actor: str) -> ApplyResult:
+        ref = proposal.workload
+        if ref.live_patch_blocked:
+            return ApplyResult(ok=False, workload=ref, message=f"not patched live: {ref.live_patch_blocked}")
+        current = self.api.get_workload(ref.kind, ref.namespace, ref.name)
+        refused = self._refuse_if_edited(proposal, current)
+        if refused:
+            return refused
+        audit, record = plan.change_ops(proposal, current, actor)
+        try:
+            patched = self.api.patch_workload(ref.kind, ref.namespace, ref.name, self._rebased(proposal, current)
+                                              + audit)
+        except ApiException as exc:
+            if not is_conflict(exc):
+                raise
+            # Lost a race between our read and our write: report what changed.
+            latest = self.api.get_workload(ref.kind, ref.namespace, ref.name)
+            return self._refuse_if_edited(proposal, latest) or ApplyResult(
+                ok=False, conflict=True, workload=ref,
+                message=f"{ref.kind} {ref.name} changed while patching ({status_message(exc)}); re-diagnose")
+        message = plan.describe_record(record)
+        self._event(patched, "VllmOncallChange", f"{message} [cluster {self.name}]")
+        new_ref = ref.model_copy(update={"resource_version": patched["metadata"]["resourceVersion"]})
+        return ApplyResult(ok=True, workload=new_ref, changed_fields=record["fields"],
+                           message=f"patched {ref.kind} {ref.namespace}/{ref.name}: {message}")
+
+    def _refuse_if_edited(self, proposal: Proposal, current: dict[str, Any]) -> ApplyResult | None:
+        ref = proposal.workload
+        diff = plan.conflict_with(proposal, current)
+        if diff is None and plan.rebase(proposal.json_patch, current) is not None:
+            return None
+        what = diff or "its spec was edited (generation changed) outside the container"
+        fields = ch.changed_fields(proposal.container_before, ch.fields_of(ch.pod_spec_of(current), ref.container))
+        return ApplyResult(ok=False, conflict=True, workload=ref, changed_fields=fields,
+                           message=f"refused: {ref.kind} {ref.namespace}/{ref.name} was edited since the "
+                                   f"proposal (resourceVersion {ref.resource_version} -> "
+                                   f"{current['metadata'].get('resourceVersion')}); re-diagnose.\n{what}")
+
+    def _rebased(self, proposal: Proposal, current: dict[str, Any]) -> list[dict[str, Any]]:
+        ops = plan.rebase(proposal.json_patch, current)
+        assert ops is not None  # _refuse_if_edited checked it
+        return ops
+
+    def _event(self, workload: dict[str, Any], reason: str, message: str) -> None:
+        try:
+            self.api.create_event(workload["metadata"]["namespace"], plan.event_for(workload, reason, message))
+        except ApiException as exc:  # the annotation already holds the record; an Event is a courtesy
+            log.warning("could not create the audit Event: %s", status_message(exc))
+
+    # -- rolling back
+    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
+        current = self.api.get_workload(workload_kind, namespace, workload_name)
+        container_name = next((r["container"] for r in reversed(plan.read_audit(current))), "")
+        ref = WorkloadRef(kind=workload_kind, namespace=namespace, name=workload_name, container=container_name,
+                          resource_version=current["metadata"].get("resourceVersion"))
+        try:
+            ops, record = plan.rollback_ops(current, actor)
+        except plan.RollbackRefused as refused:
+            return ApplyResult(ok=False, conflict=refused.conflict, workload=ref, message=f"refused: {refused}")
+        try:
+            patched = self.api.patch_workload(workload_kind, namespace, workload_name, ops)
+        except ApiException as exc:
+            if not is_conflict(exc):
+                raise
+            return ApplyResult(ok=False, conflict=True, workload=ref,
+                               message=f"refused: {workload_kind} {workload_name} changed while rolling back "
+                                       f"({status_message(exc)}); try again")
+        message = plan.describe_record(record)
+        self._event(patched, "VllmOncallRollback", f"{message} [cluster {self.name}]")
+        return ApplyResult(ok=True, changed_fields=record["fields"],
+                           workload=ref.model_copy(update={"resource_version": patched["metadata"]["resourceVersion"]}),
+                           message=f"rolled back {workload_kind} {namespace}/{workload_name}: {message}")
+
+    # -- verifying
+    def verify(self, workload: WorkloadRef, timeout_seconds: float) -> Verification:
+        return follow_rollout(self.api, workload, timeout_seconds, self.poll_seconds, diagnose=self._diagnose,
+                              clock=time.monotonic, sleep=time.sleep)

@@ -1,0 +1,241 @@
+"""Proposals, conditional patches, audit records and rollbacks, computed from plain objects.
+
+No I/O: the live cluster (live.py) and the files-only cluster (local.py) both use these, so the
+safety rules are the same whether the patch goes to an API server or to a manifest copy.
+
+The audit record lives on the workload itself, in the annotation `vllm-oncall.io/last-change`:
+a JSON list (oldest first) of at most 5 records and at most 16 KiB. Each record:
+  {"id", "action": "change"|"rollback", "who", "when", "cause", "container", "fields": [...],
+   "before": {field: value-or-null}, "after": {field: value-or-null}, "rolled_back_by": id?}
+`before`/`after` always hold command and args, plus every other field the change touched
+(env, volumeMounts, resources, probes, and the pod's volumes); null means "absent".
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from bot import changes as ch
+from bot.kube.workloads import repository_hint
+from bot.models import DiagnosisResult
+from bot.ports import Proposal, WorkloadRef
+
+AUDIT_ANNOTATION = "vllm-oncall.io/last-change"
+AUDIT_MAX_RECORDS = 5
+AUDIT_MAX_BYTES = 16 * 1024
+ALWAYS_RECORDED = ("command", "args")
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def argv(pod_spec: dict[str, Any], container: str) -> list[str]:
+    c = pod_spec["containers"][ch.container_index(pod_spec, container)]
+    return [str(x) for x in (c.get("command") or []) + (c.get("args") or [])]
+
+
+def make_proposal(cluster: str, ref: WorkloadRef, workload: dict[str, Any], diagnosis: DiagnosisResult,
+                  ttl: timedelta = timedelta(hours=1)) -> Proposal | None:
+    """The proposal for this diagnosis on this exact workload state; None when there is nothing to change."""
+    if diagnosis.cause is None or not diagnosis.changes:
+        return None
+    pod_spec = ch.pod_spec_of(workload)
+    new_spec = ch.apply_changes(pod_spec, ref.container, diagnosis.changes)
+    before = ch.fields_of(pod_spec, ref.container)
+    if before == ch.fields_of(new_spec, ref.container):
+        return None  # already as proposed: nothing to approve
+    meta = workload.get("metadata") or {}
+    ops: list[dict[str, Any]] = []
+    manifest_diff = None
+    hint = ref.repository_hint
+    if ref.live_patch_blocked:
+        manifest_diff = ch.manifest_diff(workload, new_spec, ref.container)
+        hint = hint or repository_hint(workload, diagnosis.changes, ref.container)
+    else:
+        ops = ch.build_json_patch(pod_spec, new_spec, ref.container, ch.pod_spec_pointer(workload.get("kind", "")),
+                                  resource_version=meta.get("resourceVersion"))
+        if meta.get("generation") is not None:
+            # generation moves only when someone edits the spec (not on status updates): see rebase().
+            ops.insert(1, {"op": "test", "path": "/metadata/generation", "value": meta["generation"]})
+    created = now()
+    return Proposal(
+        id=uuid.uuid4().hex[:12],
+        cluster=cluster,
+        workload=ref.model_copy(update={"resource_version": meta.get("resourceVersion"), "repository_hint": hint}),
+        cause=diagnosis.cause,
+        title=diagnosis.title,
+        changes=list(diagnosis.changes),
+        command_before=argv(pod_spec, ref.container),
+        command_after=argv(new_spec, ref.container),
+        container_before=before,
+        json_patch=ops,
+        manifest_diff=manifest_diff,
+        created_at=created,
+        expires_at=created + ttl,
+    )
+
+
+def conflict_with(proposal: Proposal, current: dict[str, Any]) -> str | None:
+    """What changed in the target container (or volumes) since the proposal; None if nothing did."""
+    now_fields = ch.fields_of(ch.pod_spec_of(current), proposal.workload.container)
+    if now_fields == proposal.container_before:
+        return None
+    return ch.describe_field_diff(proposal.container_before, now_fields)
+
+
+def rebase(ops: list[dict[str, Any]], current: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The patch conditional on the current resourceVersion, if only status/metadata moved since.
+
+    A crash-looping Deployment's status changes all the time, and each status write bumps the
+    resourceVersion. The container fields are tested op by op and the generation (bumped only by
+    spec edits) is tested too, so moving the resourceVersion test to the version we just read keeps
+    the patch exactly as conditional. Returns None when the generation moved: a spec edit.
+    """
+    meta = current.get("metadata") or {}
+    out = [dict(op) for op in ops]
+    for op in out:
+        if op["op"] == "test" and op["path"] == "/metadata/generation" and op["value"] != meta.get("generation"):
+            return None
+    for op in out:
+        if op["op"] == "test" and op["path"] == "/metadata/resourceVersion":
+            op["value"] = meta.get("resourceVersion")
+    return out
+
+
+def read_audit(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    text = ((workload.get("metadata") or {}).get("annotations") or {}).get(AUDIT_ANNOTATION)
+    if not text:
+        return []
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    if isinstance(records, dict):  # tolerate a single record written by hand
+        records = [records]
+    return [r for r in records if isinstance(r, dict)]
+
+
+def bounded(records: list[dict[str, Any]]) -> str:
+    """JSON for the annotation: the newest records, at most AUDIT_MAX_RECORDS and AUDIT_MAX_BYTES."""
+    kept = records[-AUDIT_MAX_RECORDS:]
+    text = json.dumps(kept, separators=(",", ":"))
+    while len(text.encode()) > AUDIT_MAX_BYTES and len(kept) > 1:
+        kept = kept[1:]
+        text = json.dumps(kept, separators=(",", ":"))
+    return text
+
+
+def audit_record(action: str, proposal_id: str, actor: str, cause: str | None, container: str,
+                 before: dict[str, Any], after: dict[str, Any], message: str = "") -> dict[str, Any]:
+    fields = [f for f in ch.CONTAINER_FIELDS + ch.POD_FIELDS
+              if f in ALWAYS_RECORDED or before.get(f) != after.get(f)]
+    return {
+        "id": proposal_id,
+        "action": action,
+        "who": actor,
+        "when": now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "cause": cause,
+        "container": container,
+        "fields": fields,
+        "before": {f: before.get(f) for f in fields},
+        "after": {f: after.get(f) for f in fields},
+        **({"message": message} if message else {}),
+    }
+
+
+def audit_ops(workload: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """JSON Patch ops that write the audit annotation (creating metadata.annotations if needed)."""
+    text = bounded(records)
+    annotations = (workload.get("metadata") or {}).get("annotations")
+    if annotations is None:
+        return [{"op": "add", "path": "/metadata/annotations", "value": {AUDIT_ANNOTATION: text}}]
+    return [{"op": "add", "path": "/metadata/annotations/" + AUDIT_ANNOTATION.replace("~", "~0").replace("/", "~1"),
+             "value": text}]
+
+
+def change_ops(proposal: Proposal, current: dict[str, Any], actor: str) -> tuple[list[dict[str, Any]], dict]:
+    """The proposal's patch plus its audit record, for the workload as it is now."""
+    pod_spec = ch.pod_spec_of(current)
+    after_spec = ch.apply_changes(pod_spec, proposal.workload.container, proposal.changes)
+    record = audit_record("change", proposal.id, actor, proposal.cause, proposal.workload.container,
+                          ch.fields_of(pod_spec, proposal.workload.container),
+                          ch.fields_of(after_spec, proposal.workload.container))
+    return audit_ops(current, read_audit(current) + [record]), record
+
+
+class RollbackRefused(Exception):
+    """No change to roll back, or the workload was edited since that change (a conflict)."""
+
+    def __init__(self, message: str, conflict: bool = False):
+        super().__init__(message)
+        self.conflict = conflict
+
+
+def rollback_ops(current: dict[str, Any], actor: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Ops restoring the fields recorded by the last change not yet rolled back, conditional on the
+    workload still being exactly as that change left it."""
+    records = read_audit(current)
+    target = next((r for r in reversed(records) if r.get("action") == "change" and not r.get("rolled_back_by")),
+                  None)
+    if target is None:
+        raise RollbackRefused(f"no change by vllm-oncall is recorded on this workload ({AUDIT_ANNOTATION})")
+    container = target["container"]
+    pod_spec = ch.pod_spec_of(current)
+    now_fields = ch.fields_of(pod_spec, container)
+    drifted = {f: now_fields.get(f) for f in target["fields"] if now_fields.get(f) != target["after"].get(f)}
+    if drifted:
+        expected = {f: target["after"].get(f) for f in drifted}
+        raise RollbackRefused("the workload was edited after change " + target["id"] + "; refusing to overwrite:\n"
+                              + ch.describe_field_diff(expected, drifted), conflict=True)
+    restored = json.loads(json.dumps(pod_spec))
+    c = restored["containers"][ch.container_index(restored, container)]
+    for f in target["fields"]:
+        holder = restored if f in ch.POD_FIELDS else c
+        value = target["before"].get(f)
+        if value is None:
+            holder.pop(f, None)
+        else:
+            holder[f] = value
+    meta = current.get("metadata") or {}
+    ops = ch.build_json_patch(pod_spec, restored, container, ch.pod_spec_pointer(current.get("kind", "")),
+                              resource_version=meta.get("resourceVersion"))
+    record = audit_record("rollback", uuid.uuid4().hex[:12], actor, target.get("cause"), container,
+                          now_fields, ch.fields_of(restored, container), message=f"rollback of {target['id']}")
+    target["rolled_back_by"] = record["id"]
+    return ops + audit_ops(current, records + [record]), record
+
+
+def event_for(workload: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
+    """A core/v1 Event on the workload (what `kubectl describe deployment` shows)."""
+    meta = workload.get("metadata") or {}
+    stamp = now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta.get('name', 'workload')}.{uuid.uuid4().hex[:16]}",
+                     "namespace": meta.get("namespace")},
+        "involvedObject": {"kind": workload.get("kind"), "apiVersion": workload.get("apiVersion", "apps/v1"),
+                           "namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
+                           "resourceVersion": meta.get("resourceVersion")},
+        "reason": reason,
+        "message": message[:1000],
+        "type": "Normal",
+        "source": {"component": "vllm-oncall"},
+        "reportingComponent": "vllm-oncall",
+        "reportingInstance": "vllm-oncall",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+def describe_record(record: dict[str, Any]) -> str:
+    before = " ".join(str(x) for x in (record["before"].get("command") or []) + (record["before"].get("args") or []))
+    after = " ".join(str(x) for x in (record["after"].get("command") or []) + (record["after"].get("args") or []))
+    others = [f for f in record["fields"] if f not in ALWAYS_RECORDED]
+    text = f"{record['action']} {record['id']} by {record['who']} ({record.get('cause')}): {before!r} -> {after!r}"
+    return text + (f"; also changed {', '.join(others)}" if others else "")

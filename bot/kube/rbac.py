@@ -1,0 +1,24 @@
+"""Every Kubernetes permission the bot uses, in one place.
+
+deploy/rbac.yaml grants exactly these; tests/test_rbac.py checks both that the manifests match
+this list and that every call the code makes against the API stand-in is in it.
+"""
+
+from __future__ import annotations
+
+# (apiGroup, resource, verbs). "" is the core group.
+REQUIRED: list[tuple[str, str, tuple[str, ...]]] = [
+    ("", "pods", ("get", "list")),  # the crashed pod; pods of a workload; GPU pods on its node
+    ("", "pods/log", ("get",)),  # previous and current container logs
+    ("", "events", ("list", "create")),  # the pod's events; the audit Event on the workload
+    ("", "nodes", ("get",)),  # GPU labels and capacity
+    ("apps", "replicasets", ("get", "list")),  # owner resolution; following a rollout
+    ("apps", "deployments", ("get", "patch")),  # read the workload; the approved patch
+    ("apps", "statefulsets", ("get", "patch")),
+    ("oncall.vllm.ai", "vllmincidents", ("create", "get", "list", "patch", "update")),  # incident state
+]
+
+
+def required_set() -> set[tuple[str, str, str]]:
+    """{(verb, apiGroup, resource)} for comparisons."""
+    return {(verb, group, resource) for group, resource, verbs in REQUIRED for verb in verbs}

@@ -1,0 +1,193 @@
+"""Who owns a pod, and whether a live patch of that owner would last.
+
+Pod -> ReplicaSet -> Deployment, or Pod -> StatefulSet: patchable. A bare Pod, a Job, a bare
+ReplicaSet, or a workload owned by another controller (KServe InferenceService,
+LeaderWorkerSet, an operator) is not: that controller would put its own spec back. A workload
+that Argo CD, Flux or Helm manages is not patched live either: self-heal/reconcile (or the next
+`helm upgrade`) reverts it, so the change belongs in the repository; `repository_hint` says which
+value to change there.
+
+The functions that read labels are pure; `resolve_owner` reads the owners through KubeApi.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from bot import cmdline
+from bot.models import Change
+from bot.ports import WorkloadRef
+
+PATCHABLE = ("Deployment", "StatefulSet")
+
+# vLLM production-stack chart: flags that have their own vllmConfig value.
+PRODUCTION_STACK_VALUES = {
+    "--max-model-len": "maxModelLen",
+    "--gpu-memory-utilization": "gpuMemoryUtilization",
+    "--tensor-parallel-size": "tensorParallelSize",
+    "--max-num-seqs": "maxNumSeqs",
+    "--dtype": "dtype",
+    "--enable-chunked-prefill": "enableChunkedPrefill",
+    "--enable-prefix-caching": "enablePrefixCaching",
+}
+
+
+def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None) or (refs[0] if refs else None)
+
+
+def detect_gitops(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """(managed_by, who) if Argo CD, Flux or Helm manages this object, else None."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    both = {**labels, **annotations}
+    tracking = annotations.get("argocd.argoproj.io/tracking-id")
+    if tracking:
+        return "argocd", f"Argo CD application {tracking.split(':', 1)[0]}"
+    if labels.get("argocd.argoproj.io/instance"):
+        return "argocd", f"Argo CD application {labels['argocd.argoproj.io/instance']}"
+    if labels.get("app.kubernetes.io/instance") and any(k.startswith("argocd.argoproj.io/") for k in annotations):
+        return "argocd", f"Argo CD application {labels['app.kubernetes.io/instance']}"
+    if both.get("kustomize.toolkit.fluxcd.io/name"):
+        ns = both.get("kustomize.toolkit.fluxcd.io/namespace", "")
+        return "flux", f"Flux Kustomization {ns + '/' if ns else ''}{both['kustomize.toolkit.fluxcd.io/name']}"
+    if both.get("helm.toolkit.fluxcd.io/name"):
+        ns = both.get("helm.toolkit.fluxcd.io/namespace", "")
+        return "flux", f"Flux HelmRelease {ns + '/' if ns else ''}{both['helm.toolkit.fluxcd.io/name']}"
+    if annotations.get("meta.helm.sh/release-name"):
+        return "helm", f"Helm release {annotations['meta.helm.sh/release-name']}"
+    return None
+
+
+def gitops_block_reason(managed_by: str, who: str) -> str:
+    if managed_by == "helm":
+        return (f"managed by {who}: a live patch lasts only until the next `helm upgrade`, which puts the "
+                f"chart's values back; change the values in the repository instead")
+    return (f"managed by {who}: self-heal/reconcile would revert a live patch within minutes; "
+            f"change the source in Git instead")
+
+
+def is_production_stack(obj: dict[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    chart = str(labels.get("helm.sh/chart", ""))
+    return "vllm-stack" in chart or "production-stack" in chart or "helm-release-name" in labels
+
+
+def repository_hint(obj: dict[str, Any], changes: list[Change], container: str | None = None) -> str:
+    """What to change in the repository instead of a live patch."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    lines: list[str] = []
+    if is_production_stack(obj):
+        model = labels.get("model", "<model name>")
+        spec = f"servingEngineSpec.modelSpec[name={model}]"
+        for ch in changes:
+            if ch.kind == "flag":
+                key = PRODUCTION_STACK_VALUES.get(cmdline.canonical(ch.name))
+                if key:
+                    lines.append(f"{spec}.vllmConfig.{key}: {ch.after if ch.after is not None else '(remove)'}"
+                                 f"  (was {ch.before})")
+                elif ch.after is None:
+                    lines.append(f"{spec}.vllmConfig.extraArgs: remove \"{ch.name}\"")
+                elif ch.after == "true":
+                    lines.append(f"{spec}.vllmConfig.extraArgs: add \"{ch.name}\"")
+                else:
+                    lines.append(f"{spec}.vllmConfig.extraArgs: set \"{ch.name}\", \"{ch.after}\"  (was {ch.before})")
+            else:
+                lines.append(f"{spec}: {_human(ch)}")
+        return "vLLM production-stack values:\n" + "\n".join(lines)
+    where = f"{obj.get('kind', 'workload')} {meta.get('namespace', '')}/{meta.get('name', '')}"
+    who = f", container {container}" if container else ""
+    lines = [_human(ch) for ch in changes]
+    return f"In the repository's manifest for {where}{who}:\n" + "\n".join(lines)
+
+
+def _human(ch: Change) -> str:
+    if ch.kind == "flag":
+        if ch.after is None:
+            return f"remove {ch.name} (was {ch.before})"
+        if ch.after == "true" and ch.before in (None, "false"):
+            return f"add {ch.name}"
+        return f"{ch.name} {ch.after} (was {ch.before})"
+    label = {"env": "env", "volume": "volume at", "resources": "resources.", "probe": ""}[ch.kind]
+    sep = "" if label.endswith(".") or not label else " "
+    return f"{label}{sep}{ch.name}: {ch.after if ch.after is not None else '(remove)'} (was {ch.before})"
+
+
+def _fetch(api: Any, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return api.get_workload(kind, namespace, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def resolve_owner(api: Any, pod: dict[str, Any], container: str) -> tuple[WorkloadRef, dict[str, Any]]:
+    """The workload a fix would be applied to, and its object (the pod itself when there is none)."""
+    meta = pod.get("metadata") or {}
+    namespace = meta.get("namespace", "")
+    owner = controller_of(pod)
+    if owner is None:
+        ref = WorkloadRef(kind="Pod", namespace=namespace, name=meta.get("name", ""), container=container,
+                          api_version="v1", resource_version=meta.get("resourceVersion"),
+                          live_patch_blocked="a bare Pod (no controller): a patched pod is not re-created; "
+                                             "change the manifest that created it")
+        return _with_gitops(ref, pod), pod
+    kind, name = owner.get("kind", ""), owner.get("name", "")
+    if kind == "ReplicaSet" and owner.get("apiVersion", "apps/v1") == "apps/v1":
+        rs = _fetch(api, "ReplicaSet", namespace, name)
+        if rs is None:
+            return _blocked(namespace, "ReplicaSet", name, container, "its ReplicaSet is gone"), pod
+        rs_owner = controller_of(rs)
+        if rs_owner is None:
+            return _with_gitops(_blocked(namespace, "ReplicaSet", name, container,
+                                         "a bare ReplicaSet (no Deployment)", rs), rs), rs
+        if rs_owner.get("kind") != "Deployment":
+            return _foreign(namespace, "ReplicaSet", name, container, rs_owner, rs), rs
+        kind, name = "Deployment", rs_owner.get("name", "")
+    if kind in PATCHABLE:
+        obj = _fetch(api, kind, namespace, name)
+        if obj is None:
+            return _blocked(namespace, kind, name, container, f"its {kind} is gone"), pod
+        foreign = controller_of(obj)
+        if foreign is not None:
+            return _foreign(namespace, kind, name, container, foreign, obj), obj
+        ref = WorkloadRef(kind=kind, namespace=namespace, name=name, container=container,
+                          resource_version=(obj.get("metadata") or {}).get("resourceVersion"))
+        return _with_gitops(ref, obj), obj
+    if kind == "Job":
+        return _blocked(namespace, "Job", name, container,
+                        "a Job's pod template cannot be changed; change the Job's manifest and re-create it",
+                        api_version=owner.get("apiVersion", "batch/v1")), pod
+    return _foreign(namespace, "Pod", meta.get("name", ""), container, owner, pod), pod
+
+
+def _blocked(namespace: str, kind: str, name: str, container: str, reason: str,
+             obj: dict[str, Any] | None = None, api_version: str = "apps/v1") -> WorkloadRef:
+    rv = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    return WorkloadRef(kind=kind, namespace=namespace, name=name, container=container, api_version=api_version,
+                       resource_version=rv, live_patch_blocked=reason)
+
+
+def _foreign(namespace: str, kind: str, name: str, container: str, owner: dict[str, Any],
+             obj: dict[str, Any]) -> WorkloadRef:
+    reason = (f"owned by {owner.get('kind')} {owner.get('name')} ({owner.get('apiVersion', '?')}): that "
+              f"controller would put its own spec back; change the {owner.get('kind')} instead")
+    ref = _blocked(namespace, kind, name, container, reason, obj)
+    return _with_gitops(ref, obj)
+
+
+def _with_gitops(ref: WorkloadRef, obj: dict[str, Any]) -> WorkloadRef:
+    found = detect_gitops(obj)
+    if found is None:
+        return ref
+    managed_by, who = found
+    reason = gitops_block_reason(managed_by, who)
+    if ref.live_patch_blocked:
+        reason = f"{ref.live_patch_blocked}; also {reason}"
+    return ref.model_copy(update={"live_patch_blocked": reason, "managed_by": managed_by})

@@ -1,0 +1,119 @@
+"""Plain-text renderings for the terminal (and the monospace parts of the chat message)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bot.models import DiagnosisResult
+    from bot.signals import Signals
+
+BAR_WIDTH = 48
+SEGMENTS = [  # (label, bar character)
+    ("other processes", "o"),
+    ("weights", "W"),
+    ("activations", "a"),
+    ("non-torch", "n"),
+    ("CUDA graphs", "g"),
+    ("KV cache", "K"),
+]
+
+
+def memory_picture(signals: "Signals") -> str:
+    """One GPU's budget from the numbers the log gave; empty when it gave too few."""
+    total = signals.get("gpu_total_gib")
+    if not total:
+        return ""
+    weights = signals.get("weights_gib")
+    activation = signals.get("activation_gib")
+    if activation is not None and weights is not None and signals.get("engine") == "v0" and activation > weights \
+            and signals.get("budget_gib") is None:
+        activation -= weights  # 0.6.4 prints the peak including weights
+    parts = {
+        "other processes": signals.get("other_processes_gib") or (
+            max(0.0, total - signals.get("free_at_start_gib")) if signals.get("free_at_start_gib") is not None else None),
+        "weights": weights,
+        "activations": activation,
+        "non-torch": signals.get("non_torch_gib"),
+        "CUDA graphs": signals.get("graph_gib"),
+        "KV cache": signals.get("available_kv_gib") if (signals.get("available_kv_gib") or 0) > 0 else None,
+    }
+    if not any(parts[k] for k in ("weights", "activations", "KV cache")) and signals.get("oom_tried_gib") is not None:
+        return _oom_picture(signals, total)
+    known = {k: v for k, v in parts.items() if v}
+    if not known:
+        return ""
+    used = sum(known.values())
+    free = max(0.0, total - used)
+    bar, lines = "", []
+    for label, ch in SEGMENTS:
+        v = known.get(label)
+        if v:
+            bar += ch * max(1, round(v / total * BAR_WIDTH))
+            lines.append(f"  {ch} {label:<16}{v:>8.2f} GiB")
+    bar = bar[:BAR_WIDTH].ljust(BAR_WIDTH, ".")
+    lines.append(f"  . {'free / unknown':<16}{free:>8.2f} GiB")
+    util = signals.get("gpu_memory_utilization")
+    head = f"GPU {total:.2f} GiB  [{bar}]"
+    if util:
+        mark = min(BAR_WIDTH, round(util * BAR_WIDTH))
+        head += f"\n{' ' * (len(f'GPU {total:.2f} GiB  [') + mark - 1)}^ gpu-memory-utilization {util}"
+    return "\n".join([head] + lines)
+
+
+def _oom_picture(signals: "Signals", total: float) -> str:
+    """What PyTorch's out-of-memory message says about the GPU at the moment it failed."""
+    free = signals.get("oom_free_gib") or 0.0
+    others = signals.get("other_processes_gib") or 0.0
+    pytorch = (signals.get("oom_allocated_gib") or 0.0) + (signals.get("oom_reserved_unallocated_gib") or 0.0)
+    rest = max(0.0, total - free - others - pytorch)
+    rows = [("o", "other processes", others), ("P", "PyTorch (vLLM)", pytorch), ("n", "non-PyTorch", rest)]
+    bar = "".join(ch * round(v / total * BAR_WIDTH) for ch, _, v in rows if v > 0)[:BAR_WIDTH].ljust(BAR_WIDTH, ".")
+    lines = [f"GPU {total:.2f} GiB at the OOM  [{bar}]"]
+    lines += [f"  {ch} {label:<16}{v:>8.2f} GiB" for ch, label, v in rows if v > 0]
+    lines.append(f"  . {'free':<16}{free:>8.2f} GiB   (asked for {signals.get('oom_tried_gib'):.2f} GiB more)")
+    return "\n".join(lines)
+
+
+def command_line(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv) if argv else "(not known: no pod spec)"
+
+
+def render_text(d: "DiagnosisResult") -> str:
+    where = "/".join(x for x in (d.namespace, d.pod) if x) or "(log only)"
+    out = [f"vLLM crash diagnosis: {where}" + (f" container {d.container}" if d.container else "")]
+    context = [x for x in (f"node {d.node}" if d.node else "", d.gpu or "", f"restarts {d.restarts}" if d.restarts else "") if x]
+    if context:
+        out.append("  " + ", ".join(context))
+    out.append("")
+    out.append(f"Cause: {d.cause or 'no known cause'} - {d.title}")
+    if d.stage:
+        out.append(f"Died during: {d.stage.replace('_', ' ')}")
+    out.append("")
+    out.append(d.explanation)
+    if d.evidence:
+        out.append("")
+        out.append("Evidence from the log:")
+        out.extend(f"  | {line}" for line in d.evidence)
+    if d.memory_picture:
+        out.append("")
+        out.append("GPU memory:")
+        out.append(d.memory_picture)
+    out.append("")
+    if d.changes:
+        out.append("Proposed change:")
+        for c in d.changes:
+            out.append(f"  {c.kind} {c.name}: {c.before if c.before is not None else '(not set)'} -> {c.after}")
+        out.append("")
+        out.append("  before: " + command_line(d.command_before))
+        if d.command_after and d.command_after != d.command_before:
+            out.append("  after:  " + command_line(d.command_after))
+        other = [c for c in d.changes if c.kind != "flag"]
+        for c in other:
+            if c.kind == "probe" and c.after:
+                out.append(f"  {c.name}: {json.dumps(json.loads(c.after))}")
+    else:
+        out.append("No change proposed.")
+    return "\n".join(out)

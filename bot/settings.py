@@ -1,0 +1,211 @@
+"""Configuration of `vllm-oncall serve`: environment variables, optionally a YAML file.
+
+Every setting has one environment variable (listed in ENV_VARS) and the same name as a key
+in the YAML file; the environment wins over the file. Validation collects every problem at
+once and names the variable, so a broken deployment says everything that is wrong in one go.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# setting name -> environment variable. Slack's own variables keep Slack's usual names.
+ENV_VARS: dict[str, str] = {
+    "cluster_name": "VLLM_ONCALL_CLUSTER",
+    "slack_bot_token": "SLACK_BOT_TOKEN",
+    "slack_app_token": "SLACK_APP_TOKEN",
+    "slack_signing_secret": "SLACK_SIGNING_SECRET",
+    "slack_channel": "VLLM_ONCALL_SLACK_CHANNEL",
+    "slack_api_url": "SLACK_API_URL",
+    "approver_users": "VLLM_ONCALL_APPROVERS",
+    "approver_groups": "VLLM_ONCALL_APPROVER_GROUPS",
+    "alert_token": "VLLM_ONCALL_ALERT_TOKEN",
+    "alertnames": "VLLM_ONCALL_ALERTNAMES",
+    "proposal_ttl_seconds": "VLLM_ONCALL_PROPOSAL_TTL_SECONDS",
+    "verify_timeout_seconds": "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS",
+    "listen": "VLLM_ONCALL_LISTEN",
+    "workers": "VLLM_ONCALL_WORKERS",
+    "queue_size": "VLLM_ONCALL_QUEUE_SIZE",
+    "store": "VLLM_ONCALL_STORE",
+    "state_dir": "VLLM_ONCALL_STATE_DIR",
+    "incident_namespace": "VLLM_ONCALL_INCIDENT_NAMESPACE",
+    "default_namespace": "VLLM_ONCALL_DEFAULT_NAMESPACE",
+    "cluster_source": "VLLM_ONCALL_CLUSTER_SOURCE",
+    "bundle_dir": "VLLM_ONCALL_BUNDLE_DIR",
+    "kube_context": "VLLM_ONCALL_KUBE_CONTEXT",
+    "slack_max_attempts": "VLLM_ONCALL_SLACK_MAX_ATTEMPTS",
+    "slack_max_retry_after_seconds": "VLLM_ONCALL_SLACK_MAX_RETRY_AFTER_SECONDS",
+    "sweep_interval_seconds": "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS",
+}
+CONFIG_FILE_VAR = "VLLM_ONCALL_CONFIG"
+LIST_SETTINGS = {"approver_users", "approver_groups", "alertnames"}
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class SettingsError(ValueError):
+    """Every problem found, one per line, each naming its environment variable."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster_name: str = Field(min_length=1, max_length=63)
+    slack_bot_token: str
+    slack_app_token: str | None = None
+    slack_signing_secret: str | None = None
+    slack_channel: str = Field(min_length=1)
+    slack_api_url: str | None = None  # a Slack stand-in in tests; Slack's own URL when None
+    approver_users: list[str] = Field(default_factory=list)
+    approver_groups: list[str] = Field(default_factory=list)
+    alert_token: str | None = None
+    alertnames: list[str] = Field(default_factory=lambda: ["KubePodCrashLooping"])
+    proposal_ttl_seconds: float = Field(default=3600, gt=0)
+    verify_timeout_seconds: float = Field(default=900, gt=0)
+    listen: str = "0.0.0.0:8080"
+    workers: int = Field(default=4, ge=1, le=64)
+    queue_size: int = Field(default=100, ge=1)
+    store: Literal["kube", "folder"] = "kube"
+    state_dir: Path = Path(".vllm-oncall")
+    incident_namespace: str | None = None
+    default_namespace: str = "default"
+    cluster_source: Literal["kube", "local"] = "kube"
+    bundle_dir: Path | None = None
+    kube_context: str | None = None
+    slack_max_attempts: int = Field(default=5, ge=1, le=20)
+    slack_max_retry_after_seconds: float = Field(default=60, ge=0)
+    sweep_interval_seconds: float = Field(default=30, gt=0)
+
+    @field_validator("slack_bot_token")
+    @classmethod
+    def _bot_token(cls, v: str) -> str:
+        if not v.startswith("xoxb-"):
+            raise ValueError("must be a bot token starting with xoxb-")
+        return v
+
+    @field_validator("slack_app_token")
+    @classmethod
+    def _app_token(cls, v: str | None) -> str | None:
+        if v and not v.startswith("xapp-"):
+            raise ValueError("must be an app-level token starting with xapp- (Socket Mode)")
+        return v or None
+
+    @field_validator("approver_users")
+    @classmethod
+    def _user_ids(cls, v: list[str]) -> list[str]:
+        bad = [u for u in v if not u[:1] in ("U", "W")]
+        if bad:
+            raise ValueError(f"Slack user ids start with U or W, not {', '.join(bad)}")
+        return v
+
+    @field_validator("approver_groups")
+    @classmethod
+    def _group_ids(cls, v: list[str]) -> list[str]:
+        bad = [g for g in v if not g.startswith("S")]
+        if bad:
+            raise ValueError(f"Slack user group ids start with S, not {', '.join(bad)}")
+        return v
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, _, port = v.rpartition(":")
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8080")
+        return v
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "Settings":
+        problems = []
+        if not self.slack_app_token and not self.slack_signing_secret:
+            problems.append(f"{ENV_VARS['slack_signing_secret']}: required when {ENV_VARS['slack_app_token']} "
+                            "is not set (Slack then calls /slack/events over HTTP and signs each request)")
+        if not self.approver_users and not self.approver_groups:
+            problems.append(f"{ENV_VARS['approver_users']} or {ENV_VARS['approver_groups']}: set at least one "
+                            "approver, otherwise nobody may click Approve")
+        if self.cluster_source == "local" and self.bundle_dir is None:
+            problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host or "0.0.0.0", int(port)
+
+    def incident_namespace_or_default(self) -> str:
+        """Where incident objects live: configured, else the bot's own namespace, else vllm-oncall."""
+        if self.incident_namespace:
+            return self.incident_namespace
+        if SERVICE_ACCOUNT_NAMESPACE.is_file():
+            return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+        return "vllm-oncall"
+
+
+def _split_list(value: str) -> list[str]:
+    return [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
+
+
+def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path | None = None) -> Settings:
+    """Settings from the file (if any) overlaid with the environment. Raises SettingsError."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    config_file = config_file or env.get(CONFIG_FILE_VAR)
+    problems: list[str] = []
+    if config_file:
+        path = Path(config_file)
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise SettingsError([f"{path}: cannot read the configuration file ({exc.strerror})"]) from None
+        except yaml.YAMLError as exc:
+            raise SettingsError([f"{path}: not valid YAML ({exc})"]) from None
+        if not isinstance(doc, dict):
+            raise SettingsError([f"{path}: expected a mapping of setting names to values"])
+        for key, value in doc.items():
+            if key not in ENV_VARS:
+                problems.append(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(ENV_VARS))})")
+            else:
+                raw[key] = value
+    for name, var in ENV_VARS.items():
+        value = env.get(var)
+        if value is None or value == "":
+            continue
+        raw[name] = _split_list(value) if name in LIST_SETTINGS else value
+    for name in LIST_SETTINGS:
+        if isinstance(raw.get(name), str):
+            raw[name] = _split_list(raw[name])
+    try:
+        settings = Settings(**raw)
+    except ValidationError as exc:
+        problems.extend(_describe(exc, raw))
+        raise SettingsError(problems) from None
+    if problems:
+        raise SettingsError(problems)
+    return settings
+
+
+def _describe(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
+    out = []
+    for err in exc.errors():
+        loc = err["loc"][0] if err["loc"] else None
+        if loc is None:  # a model-level check: its message already names the variables
+            out.extend(str(err["msg"]).removeprefix("Value error, ").split("; "))
+            continue
+        var = ENV_VARS.get(str(loc), str(loc))
+        if err["type"] == "missing":
+            out.append(f"{var}: required, not set")
+        else:
+            got = raw.get(str(loc))
+            shown = "<hidden>" if "token" in str(loc) or "secret" in str(loc) else repr(got)
+            out.append(f"{var}: {str(err['msg']).removeprefix('Value error, ')} (got {shown})")
+    return out

@@ -1,0 +1,267 @@
+"""Signals: the flat set of named facts playbooks read, from log, pod, node and command line.
+
+A signal is a value plus the evidence line it came from (for the message). Raw log facts keep
+their names; the derived ones below do the arithmetic once (the stage where vLLM died, memory
+held by other processes, token capacity of the KV cache, ...), so playbooks stay declarative.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.cmdline import ParsedCommand
+from bot.evidence import parse_quantity
+from bot.logfacts import FRAME_ORDER, STAGES, LogFacts
+from bot.models import NodeView, PodView
+
+LOG_FACTS = {
+    "vllm_version", "weights_gib", "weights_loaded", "total_gpu_gib", "gpu_memory_utilization", "budget_gib",
+    "non_torch_gib", "activation_gib", "available_kv_gib", "gpu_blocks", "kv_tokens", "concurrency_len",
+    "max_concurrency", "required_len", "kv_capacity_tokens", "kv_needed_gib", "estimated_max_len",
+    "no_kv_memory", "autofit_len", "free_at_start_gib", "requested_gib", "free_memory_check_failed",
+    "graph_capture_finished", "graph_gib", "graph_capture_seen", "sampler_oom_requests", "sampler_kind",
+    "oom_tried_gib", "oom_total_gib", "oom_allocated_gib", "oom_free_gib", "oom_reserved_gib",
+    "oom_reserved_unallocated_gib", "oom", "torch_oom_format", "oom_private_pools_gib",
+    "oom_this_process_gib", "oom_processes_gib", "cuda_driver_oom", "weights_oom_wrapper",
+    "world_size_required", "gpus_visible", "ray_placement_group_short", "heads_not_divisible",
+    "shm_error", "shm_required_mib", "shm_free_mib", "bus_error", "nccl_error", "host_oom",
+    "terminated_by_signal", "traceback_seen", "weights_progress_pct", "engine_ready", "alloc_conf_hint_name",
+    "config_model", "config_max_model_len", "config_tensor_parallel_size", "config_pipeline_parallel_size",
+    "config_dtype", "config_quantization", "config_enforce_eager", "config_kv_cache_dtype",
+    "config_gpu_memory_utilization", "config_max_num_seqs", "config_max_num_batched_tokens",
+    "config_block_size", "config_data_parallel_size",
+}
+
+DERIVED = {
+    "stage": "where start-up died: the furthest stage named by traceback frames, else by log markers",
+    "engine": "v0 or v1",
+    "gpu_total_gib": "one GPU's memory (log, else node label)",
+    "other_processes_gib": "GPU memory held by other processes when the OOM hit",
+    "fragmented": "PyTorch's reserved-but-unallocated memory would have covered the failed allocation",
+    "kv_capacity_tokens_effective": "tokens the KV cache holds (error text, blocks x block size, or KV size line)",
+    "max_model_len": "the effective --max-model-len",
+    "kv_short": "the KV cache holds fewer tokens than --max-model-len",
+    "weights_estimate_gib": "weights per GPU estimated from the model name's parameter count and dtype",
+    "weights_exceed_gpu_estimate": "estimated weights per GPU exceed 95% of one GPU",
+    "tensor_parallel_size": "effective --tensor-parallel-size",
+    "pipeline_parallel_size": "effective --pipeline-parallel-size",
+    "data_parallel_size": "effective --data-parallel-size",
+    "world_size": "TP x PP",
+    "pod_gpus": "nvidia.com/gpu in the container's limits",
+    "world_exceeds_pod_gpus": "TP x PP is larger than the GPUs the pod got",
+    "has_shm_volume": "a memory-backed volume at /dev/shm (or hostIPC)",
+    "multi_process": "several vLLM processes share tensors (TP, PP or DP > 1)",
+    "exit_code": "previous container's exit code",
+    "oom_killed": "previous container was OOMKilled (host RAM)",
+    "liveness_failed": "pod events show liveness probe failures",
+    "has_startup_probe": "the container has a startupProbe",
+    "has_liveness_probe": "the container has a livenessProbe",
+    "fatal_error": "the log holds an exception other than a termination signal",
+    "oom_any": "any CUDA out-of-memory text",
+    "enforce_eager": "eager mode is already on",
+    "shared_gpu_node": "the node's GPU is MIG-sliced or time-sliced",
+    "log_recognised": "the log holds vLLM or PyTorch lines",
+    "sleep_mode": "--enable-sleep-mode (expandable segments are not allowed)",
+    "alloc_conf_set": "PYTORCH_(CUDA_)ALLOC_CONF already enables expandable_segments",
+    "died_before_ready": "the log never reached 'ready'",
+    "memory_limit_bytes": "the container's memory limit",
+    "load_stage": "the log ends while weights load or before (no later stage reached)",
+}
+
+SIGNALS = LOG_FACTS | set(DERIVED)
+
+
+@dataclass
+class Signals:
+    values: dict[str, Any] = field(default_factory=dict)
+    lines: dict[str, str] = field(default_factory=dict)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        v = self.values.get(name)
+        return default if v is None else v
+
+    def set(self, name: str, value: Any, line: str | None = None) -> None:
+        self.values[name] = value
+        if line:
+            self.lines[name] = line
+
+
+_PARAMS = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*[xX]\s*(\d+(?:\.\d+)?)[bB](?![a-zA-Z])|(?<![\d.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])")
+_DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "fp32": 4.0, "float16": 2.0, "half": 2.0, "bfloat16": 2.0,
+                "bf16": 2.0, "fp16": 2.0, "auto": 2.0}
+_QUANT_BYTES = [("int4", 0.55), ("awq", 0.55), ("gptq", 0.55), ("4bit", 0.55), ("nf4", 0.55), ("bnb", 0.55),
+                ("mxfp4", 0.55), ("nvfp4", 0.55), ("w4a16", 0.55), ("fp8", 1.05), ("int8", 1.05), ("w8a8", 1.05),
+                ("gguf", 0.6)]
+
+
+def params_billions(model: str | None) -> float | None:
+    """7B, 70b, 8x7B, 1.5B in a model name (the last path segment); None if absent."""
+    if not model:
+        return None
+    name = model.rstrip("/").rsplit("/", 1)[-1].replace("--", "-")
+    best = None
+    for m in _PARAMS.finditer(name):
+        val = float(m.group(1)) * float(m.group(2)) if m.group(1) else float(m.group(3))
+        best = val if best is None else max(best, val)
+    return best
+
+
+def bytes_per_param(model: str | None, dtype: str | None, quantization: str | None) -> float:
+    text = f"{model or ''} {quantization or ''}".lower()
+    for key, val in _QUANT_BYTES:
+        if key in text:
+            return val
+    return _DTYPE_BYTES.get((dtype or "auto").lower().replace("torch.", ""), 2.0)
+
+
+def _num(value: Any) -> float | None:
+    try:
+        return float(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -> Signals:
+    s = Signals()
+    for name, fact in facts.facts.items():
+        s.set(name, fact.value, fact.line)
+    container = pod.container
+
+    # -- where it died
+    frame_stage = max(facts.frame_stages, key=lambda st: FRAME_ORDER[st]) if facts.frame_stages else None
+    marker_stage = max((st for st in facts.markers if st != "ready"), key=lambda st: FRAME_ORDER[st], default=None)
+    stage = frame_stage or marker_stage
+    if frame_stage and marker_stage and FRAME_ORDER[marker_stage] > FRAME_ORDER[frame_stage] \
+            and marker_stage == "graph_capture" and not facts.get("graph_capture_finished"):
+        stage = marker_stage  # capture started and never finished: frames were cut off
+    s.set("stage", stage)
+    s.set("died_before_ready", not facts.get("engine_ready"))
+    reached = [st for st in facts.markers if st != "ready"]
+    s.set("load_stage", not reached or all(FRAME_ORDER[st] <= FRAME_ORDER["weights"] for st in reached))
+
+    v1 = any(k in facts.facts for k in ("kv_tokens", "free_memory_check_failed", "sampler_oom_requests")) or any(
+        "EngineCore" in line or "v1/" in line or "VllmWorker" in line or "V1 LLM engine" in line
+        for _, line in facts.hit_lines[:400])
+    s.set("engine", "v1" if v1 else "v0")
+
+    # -- command line, with the log's engine config and defaults behind it
+    def effective(flag: str, config_key: str, default: Any, cast: Any) -> Any:
+        raw = cmd.get(flag)
+        if raw is None:
+            raw = facts.get(config_key)
+        if raw is None:
+            return default
+        try:
+            return cast(raw)
+        except (TypeError, ValueError):
+            return default
+
+    tp = effective("--tensor-parallel-size", "config_tensor_parallel_size", 1, int)
+    pp = effective("--pipeline-parallel-size", "config_pipeline_parallel_size", 1, int)
+    dp = effective("--data-parallel-size", "config_data_parallel_size", 1, int)
+    s.set("tensor_parallel_size", tp)
+    s.set("pipeline_parallel_size", pp)
+    s.set("data_parallel_size", dp)
+    s.set("world_size", tp * pp)
+    s.set("multi_process", tp * pp > 1 or dp > 1 or bool(facts.get("nccl_error")))
+    eager = str(cmd.get("--enforce-eager") or facts.get("config_enforce_eager") or "false").lower() == "true"
+    s.set("enforce_eager", eager)
+    s.set("sleep_mode", str(cmd.get("--enable-sleep-mode") or "false").lower() == "true")
+
+    # -- GPU size
+    node_gib = node.gpu_memory_mib / 1024 if node.gpu_memory_mib else None
+    total = facts.get("total_gpu_gib") or facts.get("oom_total_gib") or node_gib
+    s.set("gpu_total_gib", total)
+    product = (node.gpu_product or "").upper()
+    s.set("shared_gpu_node", "MIG" in product or "SHARED" in product or bool(node.sharing_strategy and node.sharing_strategy != "none")
+          or (node.replicas or 1) > 1)
+
+    # -- memory held by others at the OOM
+    tried = facts.get("oom_tried_gib")
+    if tried is not None and facts.get("oom_total_gib"):
+        o_total, o_free = facts.get("oom_total_gib"), facts.get("oom_free_gib") or 0.0
+        procs = facts.get("oom_processes_gib") or []
+        if facts.get("torch_oom_format") == "2.0":
+            reserved = facts.get("oom_reserved_gib") or 0.0
+            others = max(0.0, o_total - o_free - reserved)
+        elif facts.get("oom_this_process_gib") is not None:
+            others = sum(procs)
+        elif len(procs) > 1:
+            mine = (facts.get("oom_allocated_gib") or 0.0) + (facts.get("oom_reserved_unallocated_gib") or 0.0)
+            own = min(procs, key=lambda p: abs(p - mine))
+            others = sum(procs) - own
+        else:
+            others = 0.0  # the only process listed is vLLM itself (container PID namespace)
+        s.set("other_processes_gib", round(others, 2), facts.line_of("oom_tried_gib"))
+        unalloc = facts.get("oom_reserved_unallocated_gib") or 0.0
+        s.set("fragmented", unalloc >= tried and unalloc >= 0.05, facts.line_of("oom_tried_gib"))
+    s.set("oom_any", bool(facts.get("oom") or facts.get("cuda_driver_oom")))
+
+    # -- KV cache capacity vs --max-model-len
+    block_size = effective("--block-size", "config_block_size", 16, int)
+    capacity = facts.get("kv_capacity_tokens") or facts.get("estimated_max_len")
+    if capacity is None and facts.get("gpu_blocks") is not None:
+        capacity = facts.get("gpu_blocks") * block_size // max(1, pp if s.get("engine") == "v0" else 1)
+        s.lines.setdefault("kv_capacity_tokens_effective", facts.line_of("gpu_blocks") or "")
+    if capacity is None and facts.get("kv_tokens") is not None:
+        capacity = facts.get("kv_tokens")
+        s.lines.setdefault("kv_capacity_tokens_effective", facts.line_of("kv_tokens") or "")
+    if capacity is not None:
+        s.values["kv_capacity_tokens_effective"] = capacity
+    max_len = _num(facts.get("required_len")) or _num(cmd.get("--max-model-len")) or _num(facts.get("config_max_model_len"))
+    if max_len is not None and max_len > 0:
+        s.set("max_model_len", int(max_len))
+    s.set("kv_short", bool(capacity is not None and max_len and 0 < capacity < max_len))
+
+    # -- weights estimate from the model name
+    model = cmd.model or facts.get("config_model")
+    dtype = cmd.get("--dtype") or facts.get("config_dtype")
+    quant = cmd.get("--quantization") or facts.get("config_quantization")
+    billions = params_billions(model)
+    if billions:
+        per_gpu = billions * 1e9 * bytes_per_param(model, dtype, quant) / 2**30 / max(1, tp * pp)
+        s.set("weights_estimate_gib", round(per_gpu, 1))
+        if total:
+            s.set("weights_exceed_gpu_estimate", per_gpu >= 0.95 * total)
+
+    # -- pod
+    if container:
+        gpus = _num(container.limits.get("nvidia.com/gpu"))
+        if gpus is not None:
+            s.set("pod_gpus", int(gpus))
+            s.set("world_exceeds_pod_gpus", tp * pp > gpus)
+        s.set("exit_code", container.last_exit_code)
+        s.set("oom_killed", (container.last_reason or "") == "OOMKilled")
+        s.set("has_startup_probe", container.has_startup_probe)
+        s.set("has_liveness_probe", container.has_liveness_probe)
+        limit = parse_quantity(container.limits.get("memory")) if container.limits.get("memory") else None
+        s.set("memory_limit_bytes", limit)
+        conf = container.env.get("PYTORCH_CUDA_ALLOC_CONF", "") + container.env.get("PYTORCH_ALLOC_CONF", "")
+        s.set("alloc_conf_set", "expandable_segments:true" in conf.lower())
+        shm = pod.shm_volume or {}
+        mem_backed = (shm.get("emptyDir") or {}).get("medium") == "Memory" or bool(shm.get("hostPath"))
+        s.set("has_shm_volume", bool(mem_backed or pod.host_ipc))
+    liveness = [m for r, m in zip(pod.event_reasons, pod.event_messages)
+                if "Liveness probe failed" in m or "failed liveness probe" in m or r == "Unhealthy" and "Liveness" in m]
+    s.set("liveness_failed", bool(liveness), liveness[0] if liveness else None)
+    if any(r in {"OOMKilling", "SystemOOM"} or "OOMKilled" in m for r, m in zip(pod.event_reasons, pod.event_messages)):
+        s.set("oom_killed", True)
+
+    benign = {"KeyboardInterrupt", "SystemExit", "CancelledError"}
+    fatal = [e for e in facts.errors if e.value not in benign]
+    s.set("fatal_error", bool(fatal) or bool(s.get("oom_any")), fatal[-1].line if fatal else None)
+    s.set("log_recognised", facts.recognised)
+    return s
+
+
+def gib(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.2f} GiB" if value < 100 else f"{value:.1f} GiB"
+
+
+def floor_to(value: float, step: float) -> float:
+    return math.floor(value / step + 1e-9) * step

@@ -1,0 +1,138 @@
+"""ChatPort over Slack's Web API, with retries that are safe.
+
+Retried: 429 (after the Retry-After Slack sends), a connection that was never established (the
+request cannot have been processed), and for idempotent methods also 5xx/timeouts. Not
+retried: chat.postMessage after a timeout or a 5xx, because Slack may already have posted it
+and a second post is exactly the duplicate this bot exists to avoid; the incident then stays
+unposted in the store and the sweeper posts it once Slack answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import urllib.error
+from typing import Any, Callable
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+
+from bot.ports import Incident
+from bot.service import ChatUnavailable, MessageRef, Metrics, Note
+from bot.slack.blocks import incident_message, note_message
+
+log = logging.getLogger(__name__)
+
+# Methods whose repetition does no harm: same result, no duplicate message.
+IDEMPOTENT = {"chat.update", "users.info", "usergroups.users.list", "auth.test", "chat.postEphemeral"}
+SERVER_ERRORS = {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+SLACK_API_URL = "https://slack.com/api/"
+
+
+def make_client(token: str, base_url: str | None = None, timeout: int = 10) -> WebClient:
+    """A WebClient without slack_sdk's own retry handlers: retries happen (and are counted) here."""
+    return WebClient(token=token, base_url=base_url or SLACK_API_URL, timeout=timeout, retry_handlers=[])
+
+
+def retry_reason(method: str, exc: BaseException) -> str | None:
+    """Why this failure may be retried, or None if it must not be."""
+    if isinstance(exc, SlackApiError):
+        status = getattr(exc.response, "status_code", None)
+        error = (exc.response.data or {}).get("error") if isinstance(exc.response.data, dict) else None
+        if status == 429 or error == "ratelimited":
+            return "ratelimited"
+        if (status is not None and status >= 500) or error in SERVER_ERRORS:
+            return "server_error" if method in IDEMPOTENT else None
+        return None
+    if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, (ConnectionRefusedError, socket.gaierror)):
+        return "connection_refused"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection_refused"
+    if isinstance(exc, (TimeoutError, socket.timeout, urllib.error.URLError, ConnectionError)):
+        return "timeout" if method in IDEMPOTENT else None
+    return None
+
+
+def retry_after_seconds(exc: BaseException) -> float | None:
+    if isinstance(exc, SlackApiError):
+        headers = getattr(exc.response, "headers", None) or {}
+        value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        try:
+            return float(value) if value is not None else None
+        except ValueError:
+            return None
+    return None
+
+
+class SlackChat:
+    def __init__(self, client: WebClient, default_channel: str, metrics: Metrics | None = None,
+                 max_attempts: int = 5, max_retry_after_seconds: float = 60,
+                 backoff_seconds: float = 0.5):
+        self.client = client
+        self.default_channel = default_channel
+        self.metrics = metrics or Metrics()
+        self.max_attempts = max_attempts
+        self.max_retry_after_seconds = max_retry_after_seconds
+        self.backoff_seconds = backoff_seconds
+
+    # ---- the one place every Web API call goes through ----------------------------------
+
+    def call(self, method: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            after = retry_after_seconds(exc) if exc else None
+            if after is not None:
+                return min(after, self.max_retry_after_seconds)
+            return min(self.backoff_seconds * 2 ** (state.attempt_number - 1), 10) + random.uniform(0, 0.1)
+
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            reason = retry_reason(method, exc) if exc else "unknown"
+            self.metrics.slack_retries.labels(method, reason or "unknown").inc()
+            log.warning("Slack %s failed (%s: %s), retry %d of %d", method, reason, exc,
+                        state.attempt_number, self.max_attempts - 1)
+
+        retrying = Retrying(stop=stop_after_attempt(self.max_attempts), wait=wait,
+                            retry=retry_if_exception(lambda e: retry_reason(method, e) is not None),
+                            before_sleep=before_sleep, reraise=True)
+        try:
+            return retrying(fn, **kwargs)
+        except (SlackApiError, OSError) as exc:
+            self.metrics.slack_failures.labels(method).inc()
+            detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc
+            log.error("Slack %s failed for good: %s", method, detail)
+            raise ChatUnavailable(f"{method}: {detail}") from exc
+
+    # ---- ChatPort ---------------------------------------------------------------------
+
+    def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
+        text, blocks = incident_message(incident)
+        resp = self.call("chat.postMessage", self.client.chat_postMessage, channel=channel or self.default_channel,
+                         text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
+        return MessageRef(channel=resp["channel"], ts=resp["ts"])
+
+    def update_incident(self, incident: Incident, message: MessageRef) -> None:
+        text, blocks = incident_message(incident)
+        self.call("chat.update", self.client.chat_update, channel=message.channel, ts=message.ts,
+                  text=text, blocks=blocks)
+
+    def reply(self, thread: MessageRef, note: Note) -> None:
+        text, blocks = note_message(note.text, note.diagnosis, note.rollback_incident)
+        self.call("chat.postMessage", self.client.chat_postMessage, channel=thread.channel, thread_ts=thread.ts,
+                  text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
+
+    def tell_user(self, channel: str, user: str, text: str) -> None:
+        self.call("chat.postEphemeral", self.client.chat_postEphemeral, channel=channel, user=user, text=text)
+
+    def group_members(self, group_id: str) -> set[str]:
+        resp = self.call("usergroups.users.list", self.client.usergroups_users_list, usergroup=group_id)
+        return set(resp.get("users") or [])
+
+    def check(self) -> str:
+        """For /readyz: Slack answers and the token is valid. Returns the bot's user id."""
+        resp = self.call("auth.test", self.client.auth_test)
+        return str(resp.get("user_id", ""))

@@ -1,0 +1,48 @@
+"""A ChatPort that prints to the terminal: what `vllm-oncall demo` shows a newcomer.
+
+It renders the very Block Kit the Slack side would post, so the demo is the real message."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from typing import TextIO
+
+from bot.ports import Incident
+from bot.service import MessageRef, Note
+from bot.slack.blocks import blocks_to_text, incident_message, note_message
+
+
+class TerminalChat:
+    def __init__(self, out: TextIO | None = None, channel: str = "#vllm-oncall"):
+        self.out = out or sys.stdout
+        self.channel = channel
+        self._ts = itertools.count(1)
+        self.posted: list[tuple[str, str]] = []  # (what, text), for tests and the demo summary
+
+    def _print(self, banner: str, text: str) -> None:
+        self.posted.append((banner, text))
+        rule = "─" * 78
+        self.out.write(f"\n{rule}\n{banner}\n{rule}\n{text}")
+        self.out.flush()
+
+    def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
+        ref = MessageRef(channel=channel or self.channel, ts=f"{next(self._ts)}.000000")
+        _, blocks = incident_message(incident)
+        self._print(f"Message posted to {ref.channel}", blocks_to_text(blocks))
+        return ref
+
+    def update_incident(self, incident: Incident, message: MessageRef) -> None:
+        _, blocks = incident_message(incident)
+        self._print(f"Message in {message.channel} updated in place (state: {incident.state})",
+                    blocks_to_text(blocks))
+
+    def reply(self, thread: MessageRef, note: Note) -> None:
+        _, blocks = note_message(note.text, note.diagnosis, note.rollback_incident)
+        self._print(f"Reply in the message's thread ({thread.channel})", blocks_to_text(blocks))
+
+    def tell_user(self, channel: str, user: str, text: str) -> None:
+        self._print(f"Only {user} sees (in {channel})", text + "\n")
+
+    def group_members(self, group_id: str) -> set[str]:
+        return set()
