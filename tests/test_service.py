@@ -1,0 +1,292 @@
+"""The use cases, against the ports: a fake cluster, the folder store, and a recording chat."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from bot.incidents import FolderIncidentStore
+from bot.models import Change, DiagnosisResult
+from bot.ports import ApplyResult, Verification
+from bot.service import AlertTarget, ChatUnavailable, MessageRef, Note, OncallService, Policy
+from tests.slackapi.fake_cluster import FakeCluster
+
+NS, DEPLOY = "inference", "vllm-llama3-8b"
+POD_A, POD_B = "vllm-llama3-8b-7d9f8c6b5-x2k4p", "vllm-llama3-8b-7d9f8c6b5-q9z7w"
+APPROVER, STRANGER = "U0APPROVER", "U0STRANGER"
+
+
+def kv_diagnosis(evidence=None, max_model_len: str = "18432") -> DiagnosisResult:
+    before = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "32768"]
+    return DiagnosisResult(
+        cause="kv-cache-max-model-len", title="The KV cache cannot hold one request of --max-model-len tokens",
+        explanation="32768 tokens x 128 KiB = 4.00 GiB needed, 2.34 GiB available.",
+        evidence=["Available KV cache memory: 2.34 GiB"],
+        changes=[Change(kind="flag", name="--max-model-len", before="32768", after=max_model_len)],
+        command_before=before, command_after=before[:-1] + [max_model_len])
+
+
+class RecordingChat:
+    def __init__(self):
+        self.posts: list[tuple[str, str]] = []  # (incident name, channel)
+        self.updates: list[tuple[str, str, MessageRef]] = []  # (incident name, state, message)
+        self.replies: list[tuple[MessageRef, Note]] = []
+        self.told: list[tuple[str, str]] = []
+        self.groups: dict[str, set[str]] = {}
+        self.down = False
+        self._lock = threading.Lock()
+
+    def post_incident(self, incident, channel=None):
+        if self.down:
+            raise ChatUnavailable("chat.postMessage: service_unavailable")
+        with self._lock:
+            self.posts.append((incident.name, channel or "C0ALERTS"))
+            return MessageRef(channel=channel or "C0ALERTS", ts=f"{len(self.posts)}.0001")
+
+    def update_incident(self, incident, message):
+        if self.down:
+            raise ChatUnavailable("chat.update: service_unavailable")
+        self.updates.append((incident.name, incident.state, message))
+
+    def reply(self, thread, note):
+        self.replies.append((thread, note))
+
+    def tell_user(self, channel, user, text):
+        self.told.append((user, text))
+
+    def group_members(self, group_id):
+        return self.groups.get(group_id, set())
+
+
+@pytest.fixture
+def cluster():
+    c = FakeCluster()
+    c.add_pod(NS, POD_A, DEPLOY)
+    c.add_pod(NS, POD_B, DEPLOY)
+    return c
+
+
+@pytest.fixture
+def chat():
+    return RecordingChat()
+
+
+def make_service(cluster, chat, folder, diagnose=kv_diagnosis, **policy) -> OncallService:
+    policy.setdefault("approver_users", frozenset({APPROVER}))
+    return OncallService(cluster, FolderIncidentStore(folder), chat, Policy(**policy), diagnose=diagnose)
+
+
+@pytest.fixture
+def service(cluster, chat, tmp_path):
+    return make_service(cluster, chat, tmp_path)
+
+
+def alert(pod=POD_A, firing=True):
+    return AlertTarget(namespace=NS, pod=pod, container="vllm", firing=firing)
+
+
+def test_one_incident_per_workload_and_cause(service, chat):
+    first = service.handle_alert(alert())
+    assert first.state == "proposed" and first.slack_ts
+    service.handle_alert(alert())  # Alertmanager's repeat_interval
+    service.handle_alert(alert(POD_B))  # a second pod of the same Deployment
+    assert len(chat.posts) == 1
+    incident = service.store.get(first.name)
+    assert incident.alert_count == 3 and incident.pods == [POD_A, POD_B]
+    assert incident.diagnosis.gpu == "NVIDIA-L4, 22 GiB" and incident.diagnosis.node == "gpu-l4-node-3"
+    assert [u[0] for u in chat.updates] == [first.name, first.name]  # the same message, updated in place
+
+
+def test_a_different_cause_is_a_different_incident(cluster, chat, tmp_path):
+    causes = iter(["kv-cache-max-model-len", "shm-too-small"])
+    svc = make_service(cluster, chat, tmp_path,
+                       diagnose=lambda ev: kv_diagnosis().model_copy(update={"cause": next(causes)}))
+    a, b = svc.handle_alert(alert()), svc.handle_alert(alert())
+    assert a.name != b.name and len(chat.posts) == 2
+
+
+def test_resolved_alert_marks_the_message_resolved(service, chat):
+    incident = service.handle_alert(alert())
+    resolved = service.handle_alert(alert(firing=False))
+    assert resolved.state == "resolved"
+    assert chat.updates[-1][:2] == (incident.name, "resolved")
+    again = service.handle_alert(alert())  # crash-looping again: same message, reopened
+    assert again.state == "proposed" and len(chat.posts) == 1
+
+
+def test_approve_applies_once_and_reports_the_rollout(service, chat, cluster):
+    incident = service.handle_alert(alert())
+    assert service.approve(incident.name, APPROVER) == "applied"
+    assert service.approve(incident.name, APPROVER) == "already_decided"  # double click
+    assert len(cluster.applied) == 1
+    stored = service.store.get(incident.name)
+    assert stored.state == "verified" and stored.approver == APPROVER
+    assert "applying" in [u[1] for u in chat.updates] and chat.updates[-1][1] == "verified"
+    texts = [n.text for _, n in chat.replies]
+    assert any("Applied by <@U0APPROVER>" in t for t in texts)
+    assert any("GPU KV cache size: 18,432 tokens" in t for t in texts)
+
+
+def test_concurrent_approvals_apply_exactly_once(cluster, chat, tmp_path):
+    """Two approvers on two replicas (two services over the same store) click together."""
+    replicas = [make_service(cluster, chat, tmp_path, approver_users=frozenset({"U1", "U2"}), replica=r)
+                for r in ("a", "b")]
+    incident = replicas[0].handle_alert(alert())
+    outcomes: list[str] = []
+    threads = [threading.Thread(target=lambda s=s, u=u: outcomes.append(s.approve(incident.name, u)))
+               for s, u in zip(replicas * 4, ["U1", "U2"] * 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count("applied") == 1 and len(cluster.applied) == 1
+
+
+def test_not_allowed_user_changes_nothing(service, chat, cluster):
+    incident = service.handle_alert(alert())
+    assert service.approve(incident.name, STRANGER, MessageRef(channel="C0ALERTS", ts="1.0001")) == "not_allowed"
+    assert service.reject(incident.name, STRANGER, MessageRef(channel="C0ALERTS", ts="1.0001")) == "not_allowed"
+    assert cluster.applied == [] and service.store.get(incident.name).state == "proposed"
+    assert chat.told and chat.told[0][0] == STRANGER and "not allowed" in chat.told[0][1]
+
+
+def test_user_group_approver(cluster, chat, tmp_path):
+    chat.groups["S0ONCALL"] = {"U0GROUPIE"}
+    svc = make_service(cluster, chat, tmp_path, approver_users=frozenset(), approver_groups=frozenset({"S0ONCALL"}))
+    incident = svc.handle_alert(alert())
+    assert svc.approve(incident.name, STRANGER) == "not_allowed"
+    assert svc.approve(incident.name, "U0GROUPIE") == "applied"
+
+
+def test_expired_proposal_is_refused(cluster, chat, tmp_path):
+    svc = make_service(cluster, chat, tmp_path, proposal_ttl=timedelta(seconds=-1))
+    incident = svc.handle_alert(alert())
+    assert svc.approve(incident.name, APPROVER) == "expired"
+    assert cluster.applied == [] and svc.store.get(incident.name).state == "expired"
+    assert "expired" in chat.told[-1][1]
+
+
+def test_sweep_expires_old_proposals(cluster, chat, tmp_path):
+    svc = make_service(cluster, chat, tmp_path, proposal_ttl=timedelta(seconds=-1))
+    incident = svc.handle_alert(alert())
+    svc.sweep()
+    assert svc.store.get(incident.name).state == "expired" and chat.updates[-1][1] == "expired"
+
+
+def test_reject_records_who(service, chat, cluster):
+    incident = service.handle_alert(alert())
+    assert service.reject(incident.name, APPROVER) == "rejected"
+    stored = service.store.get(incident.name)
+    assert stored.state == "rejected" and stored.approver == APPROVER and cluster.applied == []
+    assert service.approve(incident.name, APPROVER) == "already_decided"
+
+
+def test_conflict_refuses_and_re_diagnoses(cluster, chat, tmp_path):
+    cluster.apply_results = [ApplyResult(ok=False, conflict=True, message="resourceVersion 100 is now 101",
+                                         changed_fields=["spec.template.spec.containers[vllm].args"])]
+    values = iter(["18432", "16384"])
+    svc = make_service(cluster, chat, tmp_path, diagnose=lambda ev: kv_diagnosis(max_model_len=next(values)))
+    incident = svc.handle_alert(alert())
+    assert svc.approve(incident.name, APPROVER) == "conflict"
+    stored = svc.store.get(incident.name)
+    assert stored.state == "proposed" and stored.proposal.changes[0].after == "16384"
+    assert "edited since the proposal" in chat.replies[-1][1].text
+    assert "containers[vllm].args" in chat.replies[-1][1].text
+    assert svc.approve(incident.name, APPROVER) == "applied"  # the new proposal works
+
+
+def test_crash_after_apply_offers_rollback_once(service, chat, cluster):
+    cluster.verification = Verification(outcome="crashed", pod="new-pod", message="CrashLoopBackOff again",
+                                        diagnosis=kv_diagnosis())
+    incident = service.handle_alert(alert())
+    service.approve(incident.name, APPROVER)
+    assert service.store.get(incident.name).state == "failed"
+    assert chat.replies[-1][1].rollback_incident == incident.name
+    assert service.roll_back(incident.name, STRANGER) == "not_allowed"
+    assert service.roll_back(incident.name, APPROVER) == "rolled-back"
+    assert service.roll_back(incident.name, APPROVER) == "nothing_to_roll_back"
+    assert len(cluster.rolled_back) == 1
+
+
+def test_failed_patch_keeps_nothing_stuck(service, chat, cluster):
+    cluster.apply_results = [ApplyResult(ok=False, message="deployments.apps is forbidden: cannot patch")]
+    incident = service.handle_alert(alert())
+    assert service.approve(incident.name, APPROVER) == "failed"
+    assert service.store.get(incident.name).state == "failed"
+    assert service.roll_back(incident.name, APPROVER) == "nothing_to_roll_back"
+
+
+def test_slack_outage_loses_nothing_and_posts_once(service, chat):
+    chat.down = True
+    incident = service.handle_alert(alert())
+    assert incident.slack_ts is None and chat.posts == []
+    service.handle_alert(alert())  # still down: still kept
+    chat.down = False
+    service.sweep()
+    service.sweep()
+    assert len(chat.posts) == 1
+    assert service.store.get(incident.name).slack_ts is not None
+
+
+def test_two_replicas_post_once(cluster, chat, tmp_path):
+    """HA Alertmanagers deliver the same alert to two bot replicas at once."""
+    replicas = [make_service(cluster, chat, tmp_path, replica=r) for r in ("a", "b", "c")]
+    threads = [threading.Thread(target=r.handle_alert, args=(alert(),)) for r in replicas * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in replicas:
+        r.sweep()
+    assert len(chat.posts) == 1
+    assert replicas[0].store.list()[0].alert_count == 9
+
+
+def test_restart_between_post_and_click(cluster, chat, tmp_path):
+    before = make_service(cluster, chat, tmp_path)
+    incident = before.handle_alert(alert())
+    after = make_service(cluster, RecordingChat(), tmp_path)  # a new process: nothing in memory
+    assert after.approve(incident.name, APPROVER) == "applied"
+
+
+def test_gitops_workload_gets_no_button(cluster, chat, tmp_path):
+    cluster.blocked = "managed by Argo CD (self-heal would revert a live patch)"
+    svc = make_service(cluster, chat, tmp_path)
+    incident = svc.handle_alert(alert())
+    assert incident.state == "diagnosed"
+    assert svc.approve(incident.name, APPROVER) == "already_decided" and cluster.applied == []
+
+
+def test_unknown_cause_gets_no_button(cluster, chat, tmp_path):
+    svc = make_service(cluster, chat, tmp_path, diagnose=lambda ev: DiagnosisResult(
+        cause=None, title="No known cause", explanation="nothing matched"))
+    incident = svc.handle_alert(alert())
+    assert incident.state == "diagnosed" and incident.proposal is None and len(chat.posts) == 1
+
+
+def test_why_unknown_pod_lists_close_matches(service, chat):
+    assert service.answer_why("inference/vllm-llama3-8", "C0HERE", "U0ASKER") is None
+    user, text = chat.told[-1]
+    assert user == "U0ASKER" and DEPLOY in text
+
+
+def test_why_deployment_posts_in_the_asking_channel(service, chat):
+    incident = service.answer_why(f"{NS}/{DEPLOY}", "C0HERE", "U0ASKER")
+    assert incident.state == "proposed" and chat.posts == [(incident.name, "C0HERE")]
+    service.handle_alert(alert())  # the alert for the same incident then updates, never re-posts
+    assert len(chat.posts) == 1
+
+
+def test_why_after_rejection_offers_a_fresh_proposal(service, chat):
+    incident = service.handle_alert(alert())
+    service.reject(incident.name, APPROVER)
+    again = service.answer_why(f"{NS}/{POD_A}", "C0HERE", "U0ASKER")
+    assert again.name == incident.name and again.state == "proposed" and len(chat.posts) == 2
+    assert service.approve(incident.name, APPROVER) == "applied"
+
+
+def test_alert_for_a_vanished_pod_is_skipped(service, chat):
+    assert service.handle_alert(AlertTarget(namespace=NS, pod="gone-pod")) is None
+    assert chat.posts == []
