@@ -13,6 +13,7 @@ import logging
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Protocol
@@ -177,7 +178,8 @@ class OncallService:
         workload = workload or self.cluster.workload_for(evidence)
         name = incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause)
         if self.store.get(name) is None:
-            incident = self._new_incident(name, target, evidence, diagnosis, workload, channel)
+            lease = self._new_lease()
+            incident = self._new_incident(name, target, evidence, diagnosis, workload, channel, lease)
             try:
                 created = self.store.create(incident)
             except IncidentExists:
@@ -187,11 +189,11 @@ class OncallService:
                 if created.state == "proposed":
                     self.metrics.proposals.inc()
                 log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
-                return self._ensure_posted(name, received_at=target.received_at)
+                return self._ensure_posted(name, received_at=target.received_at, lease=lease)
         return self._record_repeat(name, target.pod, diagnosis)
 
     def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
-                      workload: WorkloadRef, channel: str | None) -> Incident:
+                      workload: WorkloadRef, channel: str | None, lease: str) -> Incident:
         now = self.clock()
         proposal = self._propose(diagnosis, evidence)
         return Incident(
@@ -200,7 +202,7 @@ class OncallService:
             pods=[target.pod], restarts=diagnosis.restarts, first_seen=now, last_seen=now,
             slack_channel=channel, proposal=proposal, diagnosis=diagnosis,
             # The creator holds the post lease, so no other replica posts it meanwhile.
-            history=[f"{iso(now)} created from pod {target.pod}", self._lease_entry(now)],
+            history=[f"{iso(now)} created from pod {target.pod}", self._lease_entry(now, lease)],
         )
 
     def _propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
@@ -283,11 +285,15 @@ class OncallService:
 
     # ---- posting: exactly once, and eventually ---------------------------------------------
 
-    def _lease_entry(self, now: datetime) -> str:
-        return f"{iso(now)} post-lease {self.policy.replica} until {iso(now + POST_LEASE)}"
+    def _new_lease(self) -> str:
+        """A lease token per posting attempt (not per replica: threads of one replica race too)."""
+        return f"{self.policy.replica}/{uuid.uuid4().hex[:8]}"
+
+    def _lease_entry(self, now: datetime, lease: str) -> str:
+        return f"{iso(now)} post-lease {lease} until {iso(now + POST_LEASE)}"
 
     def _lease_holder(self, incident: Incident) -> str | None:
-        """The replica currently allowed to post this incident, if its lease is still running."""
+        """The posting attempt currently allowed to post this incident, if its lease is still running."""
         for entry in reversed(incident.history):
             parts = entry.split()
             if len(parts) >= 2 and parts[1] == "post-lease":
@@ -297,17 +303,20 @@ class OncallService:
                 return parts[2] if until > self.clock() else None
         return None
 
-    def _ensure_posted(self, name: str, received_at: float | None = None) -> Incident | None:
+    def _ensure_posted(self, name: str, received_at: float | None = None, lease: str | None = None
+                       ) -> Incident | None:
+        """Post the incident unless it is posted or someone else holds the post lease."""
         incident = self.store.get(name)
         if incident is None or incident.slack_ts:
             return incident
         holder = self._lease_holder(incident)
-        if holder and holder != self.policy.replica:
-            return incident  # another replica is posting it right now
+        if holder and holder != lease:
+            return incident  # another thread or replica is posting it right now
         if holder is None:
+            lease = self._new_lease()
             try:
                 incident = self.store.update(incident.model_copy(update={
-                    "history": _bounded(incident.history + [self._lease_entry(self.clock())])}))
+                    "history": _bounded(incident.history + [self._lease_entry(self.clock(), lease)])}))
             except IncidentConflict:
                 return self.store.get(name)  # someone else moved first; they (or the sweeper) post it
         try:
@@ -390,6 +399,8 @@ class OncallService:
             return existing
         proposal = self._propose(diagnosis, evidence)
 
+        lease = self._new_lease()
+
         def refresh(inc: Incident) -> Incident:
             now = self.clock()
             return inc.model_copy(update={
@@ -398,13 +409,13 @@ class OncallService:
                 "pods": inc.pods + ([pod] if pod not in inc.pods else []),
                 "slack_channel": channel, "slack_ts": None,  # the new message becomes the incident's
                 "history": _bounded(inc.history + [f"{iso(now)} re-diagnosed on /vllm why by {user} "
-                                                   f"(was {inc.state})", self._lease_entry(now)])})
+                                                   f"(was {inc.state})", self._lease_entry(now, lease)])})
 
         if self._mutate(key, refresh) is None:
             return None
         if _offers_button(proposal):
             self.metrics.proposals.inc()
-        return self._ensure_posted(key)
+        return self._ensure_posted(key, lease=lease)
 
     # ---- approval ----------------------------------------------------------------------
 
