@@ -1,9 +1,235 @@
-"""Terminal commands that talk to a cluster: why, collect, apply, rollback, fix."""
+"""Terminal commands that talk to a cluster: why, collect, apply, rollback, fix.
+
+Same safety rules as the Slack button: `apply` shows the change and the server-side dry run,
+asks before patching (unless --yes), and patches only if the workload is still as diagnosed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import json
+import sys
+from pathlib import Path
+
+
+def _friendly(func):
+    """Turn the errors a person can act on (pod gone, permission missing, API error) into one line."""
+
+    def run(args: argparse.Namespace) -> int:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.config import ConfigException
+
+        from bot.kube.api import status_message
+        from bot.kube.errors import KubeError
+        from bot.ports import PodNotFound
+
+        try:
+            return func(args)
+        except (PodNotFound, KubeError, ConfigException) as exc:
+            print(f"vllm-oncall: {exc}", file=sys.stderr)
+            return 2
+        except ApiException as exc:
+            print(f"vllm-oncall: Kubernetes API error {exc.status}: {status_message(exc)}", file=sys.stderr)
+            return 2
+
+    run.__name__ = func.__name__
+    return run
+
+
+def _cluster(args: argparse.Namespace):
+    from bot.kube.live import LiveCluster
+
+    return LiveCluster.from_environment(name=args.cluster or args.context or "default", context=args.context,
+                                        kubeconfig=args.kubeconfig)
+
+
+def _diagnose(evidence):
+    from bot.diagnose import diagnose
+
+    return diagnose(evidence)
+
+
+def _print_report(diagnosis, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(diagnosis.to_public_json(), indent=2))
+        return
+    try:
+        from bot.render import render_text
+    except ImportError:
+        print(json.dumps(diagnosis.to_public_json(), indent=2))
+        return
+    print(render_text(diagnosis))
+
+
+def _actor(args: argparse.Namespace) -> str:
+    return args.actor or f"terminal:{getpass.getuser()}"
+
+
+def _split_target(pod: str, namespace: str) -> tuple[str, str]:
+    """`ns/pod` or `pod` with -n."""
+    if "/" in pod:
+        ns, _, name = pod.partition("/")
+        return ns, name
+    return namespace, pod
+
+
+@_friendly
+def cmd_why(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    namespace, name = _split_target(args.pod, args.namespace)
+    pod = cluster.resolve_pod(namespace, name)
+    evidence = cluster.collect(namespace, pod, args.container)
+    diagnosis = _diagnose(evidence)
+    _print_report(diagnosis, args.format)
+    if args.format == "text":
+        workload = cluster.workload_for(evidence)
+        print(f"\nWorkload: {workload.kind} {workload.namespace}/{workload.name} (container {workload.container})")
+        if workload.live_patch_blocked:
+            print(f"No live patch: {workload.live_patch_blocked}")
+        elif diagnosis.changes:
+            print(f"To apply: vllm-oncall apply {namespace}/{pod}")
+    return 0
+
+
+@_friendly
+def cmd_collect(args: argparse.Namespace) -> int:
+    from bot.kube.collect import write_bundle
+    from bot.kube.workloads import resolve_owner
+
+    cluster = _cluster(args)
+    namespace, name = _split_target(args.pod, args.namespace)
+    pod = cluster.resolve_pod(namespace, name)
+    evidence = cluster.collect(namespace, pod, args.container)
+    _, workload = resolve_owner(cluster.api, evidence.pod or {}, evidence.container or "")
+    for path in write_bundle(evidence, Path(args.output), workload):
+        print(path)
+    return 0
+
+
+@_friendly
+def cmd_apply(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    namespace, name = _split_target(args.pod, args.namespace)
+    pod = cluster.resolve_pod(namespace, name)
+    evidence = cluster.collect(namespace, pod, args.container)
+    diagnosis = _diagnose(evidence)
+    proposal = cluster.propose(diagnosis, evidence)
+    if proposal is None:
+        print(f"Nothing to apply: {diagnosis.cause or 'no known cause'} - {diagnosis.title}")
+        return 1
+    ref = proposal.workload
+    print(f"{ref.kind} {ref.namespace}/{ref.name}, container {ref.container}: {proposal.title}")
+    print("  before: " + " ".join(proposal.command_before))
+    print("  after:  " + " ".join(proposal.command_after))
+    if ref.live_patch_blocked:
+        print(f"\nNo live patch: {ref.live_patch_blocked}")
+        if proposal.workload.repository_hint:
+            print(proposal.workload.repository_hint)
+        if proposal.manifest_diff:
+            print(proposal.manifest_diff)
+        return 1
+    print(f"  dry run: {proposal.dry_run_message}")
+    if not proposal.dry_run_ok:
+        return 1
+    if not args.yes:
+        answer = input(f"Patch {ref.kind} {ref.namespace}/{ref.name}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("Not applied.")
+            return 1
+    result = cluster.apply(proposal, _actor(args))
+    print(result.message)
+    if not result.ok:
+        return 3 if result.conflict else 1
+    if args.verify and result.workload:
+        verification = cluster.verify(result.workload, args.timeout)
+        print(verification.message)
+        return 0 if verification.outcome == "ready" else 1
+    return 0
+
+
+@_friendly
+def cmd_rollback(args: argparse.Namespace) -> int:
+    kind, _, name = args.workload.partition("/")
+    kinds = {"deployment": "Deployment", "deploy": "Deployment", "deployments": "Deployment",
+             "statefulset": "StatefulSet", "sts": "StatefulSet", "statefulsets": "StatefulSet"}
+    if not name or kind.lower() not in kinds:
+        print("vllm-oncall: rollback takes KIND/NAME, e.g. deployment/llama", file=sys.stderr)
+        return 2
+    result = _cluster(args).rollback(args.namespace, kinds[kind.lower()], name, _actor(args))
+    print(result.message)
+    return 0 if result.ok else (3 if result.conflict else 1)
+
+
+def cmd_fix(args: argparse.Namespace) -> int:
+    from bot.changes import rewrite_manifest
+    from bot.evidence import load_bundle
+
+    evidence = load_bundle(args.bundle)
+    diagnosis = _diagnose(evidence)
+    if diagnosis.cause is None or not diagnosis.changes:
+        print(f"Nothing to change: {diagnosis.cause or 'no known cause'} - {diagnosis.title}")
+        return 1
+    manifest = Path(args.manifest)
+    text = manifest.read_text(encoding="utf-8")
+    new_text, touched = rewrite_manifest(text, diagnosis.changes, args.container or evidence.container)
+    if not touched:
+        print(f"{manifest}: already as proposed ({diagnosis.cause})")
+        return 0
+    if args.dry_run:
+        sys.stdout.write(new_text)
+        return 0
+    manifest.write_text(new_text, encoding="utf-8")
+    print(f"{manifest}: {diagnosis.cause}: changed {', '.join(touched)}")
+    for change in diagnosis.changes:
+        print(f"  {change.kind} {change.name}: {change.before if change.before is not None else '(not set)'}"
+              f" -> {change.after if change.after is not None else '(removed)'}")
+    return 0
+
+
+def _cluster_options(p: argparse.ArgumentParser, namespace: bool = True) -> None:
+    if namespace:
+        p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--context", help="kubeconfig context (default: in-cluster, else the current context)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--cluster", help="the cluster's name in messages (default: the context)")
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
     """Add the cluster subcommands to the `vllm-oncall` parser."""
+    p = sub.add_parser("why", help="diagnose a crash-looping pod in the cluster (same report as diagnose)")
+    p.add_argument("pod", help="pod, ns/pod, or a Deployment/StatefulSet name (its newest crashing pod)")
+    p.add_argument("-c", "--container")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    _cluster_options(p)
+    p.set_defaults(func=cmd_why)
+
+    p = sub.add_parser("collect", help="write a pod's evidence bundle (logs, pod, node, events, workload)")
+    p.add_argument("pod")
+    p.add_argument("-o", "--output", required=True, help="bundle folder to write")
+    p.add_argument("-c", "--container")
+    _cluster_options(p)
+    p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser("apply", help="diagnose a pod and apply the proposed change to its workload")
+    p.add_argument("pod")
+    p.add_argument("-c", "--container")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--as", dest="actor", help="who approves (recorded in the audit annotation)")
+    p.add_argument("--verify", action="store_true", help="follow the rollout after patching")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the new pod (default 1800)")
+    _cluster_options(p)
+    p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser("rollback", help="restore what the last vllm-oncall change replaced")
+    p.add_argument("workload", help="KIND/NAME, e.g. deployment/llama")
+    p.add_argument("--as", dest="actor", help="who rolls back (recorded in the audit annotation)")
+    _cluster_options(p)
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("fix", help="rewrite a Deployment/StatefulSet manifest file with the proposed change")
+    p.add_argument("bundle", help="evidence bundle folder")
+    p.add_argument("--manifest", required=True, help="YAML file to rewrite in place (comments and layout kept)")
+    p.add_argument("-c", "--container")
+    p.add_argument("--dry-run", action="store_true", help="print the new manifest instead of writing it")
+    p.set_defaults(func=cmd_fix)

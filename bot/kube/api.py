@@ -29,16 +29,16 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def api_client_from_environment(context: str | None = None) -> client.ApiClient:
+def api_client_from_environment(context: str | None = None, kubeconfig: str | None = None) -> client.ApiClient:
     """In-cluster service account when running in a pod, else kubeconfig (optionally a context)."""
-    if context is None:
+    if context is None and kubeconfig is None:
         try:
             config.load_incluster_config()
             return client.ApiClient()
         except config.ConfigException:
             pass
     cfg = client.Configuration()
-    config.load_kube_config(context=context, client_configuration=cfg)
+    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     return client.ApiClient(cfg)
 
 

@@ -56,6 +56,14 @@ def get_pod_or_suggest(api: KubeApi, namespace: str, name: str) -> dict[str, Any
     raise PodGone(namespace, name, close, newest_of_workload=newest_sibling(name, pods))
 
 
+def age_key(obj: dict[str, Any]) -> tuple[str, int]:
+    """Sort key, oldest first: creationTimestamp has one-second resolution, so the
+    resourceVersion (a newer object was written later) breaks ties."""
+    meta = obj.get("metadata") or {}
+    rv = str(meta.get("resourceVersion") or "0")
+    return meta.get("creationTimestamp") or "", int(rv) if rv.isdigit() else 0
+
+
 def newest_sibling(name: str, pods: list[dict[str, Any]]) -> str | None:
     """The newest pod whose name has the same workload prefix (name minus its random suffixes)."""
     parts = name.split("-")
@@ -66,7 +74,7 @@ def newest_sibling(name: str, pods: list[dict[str, Any]]) -> str | None:
         siblings = [p for p in pods if p["metadata"]["name"].startswith(prefix)
                     and len(p["metadata"]["name"].split("-")) == len(parts)]
         if siblings:
-            newest = max(siblings, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+            newest = max(siblings, key=age_key)
             return newest["metadata"]["name"]
     return None
 

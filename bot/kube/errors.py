@@ -31,9 +31,9 @@ class PodGone(PodNotFound):
     def __init__(self, namespace: str, name: str, close_matches: list[str] | None = None,
                  newest_of_workload: str | None = None):
         self.newest_of_workload = newest_of_workload
-        matches = list(close_matches or [])
-        if newest_of_workload and newest_of_workload not in matches:
-            matches.insert(0, newest_of_workload)
+        matches = [m for m in close_matches or [] if m != newest_of_workload]
+        if newest_of_workload:
+            matches.insert(0, newest_of_workload)  # the most useful suggestion first
         super().__init__(namespace, name, matches)
         if newest_of_workload:
             self.args = (f"{self.args[0]} The newest pod of the same workload is {newest_of_workload}.",)

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from bot import changes as ch
 from bot.kube import plan
 from bot.kube.api import KubeApi, api_client_from_environment, is_conflict, status_message
-from bot.kube.collect import HEAD_BYTES, TAIL_LINES, collect, get_pod_or_suggest
+from bot.kube.collect import HEAD_BYTES, TAIL_LINES, age_key, collect, get_pod_or_suggest
 from bot.kube.errors import PodGone
 from bot.kube.retry import RetryPolicy
 from bot.kube.verify import follow_rollout, pod_state, selector_string
@@ -38,9 +38,10 @@ class LiveCluster:
         self._diagnose = diagnose
 
     @classmethod
-    def from_environment(cls, name: str = "default", context: str | None = None,
+    def from_environment(cls, name: str = "default", context: str | None = None, kubeconfig: str | None = None,
                          retry: RetryPolicy | None = None, **kwargs: Any) -> "LiveCluster":
-        return cls(KubeApi(api_client_from_environment(context), retry=retry), name=name, **kwargs)
+        """In-cluster service account, else kubeconfig (KUBECONFIG or ~/.kube/config, or `kubeconfig`)."""
+        return cls(KubeApi(api_client_from_environment(context, kubeconfig), retry=retry), name=name, **kwargs)
 
     # -- finding the pod
     def resolve_pod(self, namespace: str, name: str) -> str:
@@ -60,7 +61,7 @@ class LiveCluster:
                     container = ch.pod_spec_of(workload)["containers"][
                         ch.container_index(ch.pod_spec_of(workload), None)]["name"]
                     crashing = [p for p in pods if pod_state(p, container) == "crashed"]
-                    newest = max(crashing or pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+                    newest = max(crashing or pods, key=age_key)
                     return newest["metadata"]["name"]
             raise gone
 

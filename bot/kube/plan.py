@@ -182,7 +182,7 @@ def rollback_ops(current: dict[str, Any], actor: str) -> tuple[list[dict[str, An
     target = next((r for r in reversed(records) if r.get("action") == "change" and not r.get("rolled_back_by")),
                   None)
     if target is None:
-        raise RollbackRefused(f"no change by vllm-oncall is recorded on this workload ({AUDIT_ANNOTATION})")
+        raise RollbackRefused(f"no change by vllm-oncall left to roll back on this workload (annotation {AUDIT_ANNOTATION})")
     container = target["container"]
     pod_spec = ch.pod_spec_of(current)
     now_fields = ch.fields_of(pod_spec, container)

@@ -84,7 +84,7 @@ class RetryPolicy:
             self.sleep = time.sleep
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        backoff = tenacity.wait_exponential_jitter(initial=self.initial, max=self.maximum, jitter=self.jitter)
+        backoff = tenacity.wait_exponential_jitter(multiplier=self.initial, max=self.maximum, jitter=self.jitter)
 
         def wait(state: tenacity.RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from bot import changes as ch
 from bot.kube.api import KubeApi
-from bot.kube.collect import collect, read_head_and_tail
+from bot.kube.collect import age_key, collect, read_head_and_tail
 from bot.ports import Verification, WorkloadRef
 
 log = logging.getLogger("bot.kube")
@@ -79,7 +79,7 @@ def new_pods(api: KubeApi, workload: dict[str, Any], container: str) -> list[dic
         have.pop("volumes", None)
         if have == want:
             out.append(p)
-    return sorted(out, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
+    return sorted(out, key=age_key, reverse=True)
 
 
 def newest_replicaset(api: KubeApi, workload: dict[str, Any]) -> str | None:

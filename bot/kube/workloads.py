@@ -137,7 +137,7 @@ def resolve_owner(api: Any, pod: dict[str, Any], container: str) -> tuple[Worklo
                           api_version="v1", resource_version=meta.get("resourceVersion"),
                           live_patch_blocked="a bare Pod (no controller): a patched pod is not re-created; "
                                              "change the manifest that created it")
-        return _with_gitops(ref, pod), pod
+        return with_gitops(ref, pod), pod
     kind, name = owner.get("kind", ""), owner.get("name", "")
     if kind == "ReplicaSet" and owner.get("apiVersion", "apps/v1") == "apps/v1":
         rs = _fetch(api, "ReplicaSet", namespace, name)
@@ -145,10 +145,10 @@ def resolve_owner(api: Any, pod: dict[str, Any], container: str) -> tuple[Worklo
             return _blocked(namespace, "ReplicaSet", name, container, "its ReplicaSet is gone"), pod
         rs_owner = controller_of(rs)
         if rs_owner is None:
-            return _with_gitops(_blocked(namespace, "ReplicaSet", name, container,
+            return with_gitops(_blocked(namespace, "ReplicaSet", name, container,
                                          "a bare ReplicaSet (no Deployment)", rs), rs), rs
         if rs_owner.get("kind") != "Deployment":
-            return _foreign(namespace, "ReplicaSet", name, container, rs_owner, rs), rs
+            return foreign_controller_ref(namespace, "ReplicaSet", name, container, rs_owner, rs), rs
         kind, name = "Deployment", rs_owner.get("name", "")
     if kind in PATCHABLE:
         obj = _fetch(api, kind, namespace, name)
@@ -156,15 +156,15 @@ def resolve_owner(api: Any, pod: dict[str, Any], container: str) -> tuple[Worklo
             return _blocked(namespace, kind, name, container, f"its {kind} is gone"), pod
         foreign = controller_of(obj)
         if foreign is not None:
-            return _foreign(namespace, kind, name, container, foreign, obj), obj
+            return foreign_controller_ref(namespace, kind, name, container, foreign, obj), obj
         ref = WorkloadRef(kind=kind, namespace=namespace, name=name, container=container,
                           resource_version=(obj.get("metadata") or {}).get("resourceVersion"))
-        return _with_gitops(ref, obj), obj
+        return with_gitops(ref, obj), obj
     if kind == "Job":
         return _blocked(namespace, "Job", name, container,
                         "a Job's pod template cannot be changed; change the Job's manifest and re-create it",
                         api_version=owner.get("apiVersion", "batch/v1")), pod
-    return _foreign(namespace, "Pod", meta.get("name", ""), container, owner, pod), pod
+    return foreign_controller_ref(namespace, "Pod", meta.get("name", ""), container, owner, pod), pod
 
 
 def _blocked(namespace: str, kind: str, name: str, container: str, reason: str,
@@ -174,15 +174,15 @@ def _blocked(namespace: str, kind: str, name: str, container: str, reason: str,
                        resource_version=rv, live_patch_blocked=reason)
 
 
-def _foreign(namespace: str, kind: str, name: str, container: str, owner: dict[str, Any],
+def foreign_controller_ref(namespace: str, kind: str, name: str, container: str, owner: dict[str, Any],
              obj: dict[str, Any]) -> WorkloadRef:
     reason = (f"owned by {owner.get('kind')} {owner.get('name')} ({owner.get('apiVersion', '?')}): that "
               f"controller would put its own spec back; change the {owner.get('kind')} instead")
     ref = _blocked(namespace, kind, name, container, reason, obj)
-    return _with_gitops(ref, obj)
+    return with_gitops(ref, obj)
 
 
-def _with_gitops(ref: WorkloadRef, obj: dict[str, Any]) -> WorkloadRef:
+def with_gitops(ref: WorkloadRef, obj: dict[str, Any]) -> WorkloadRef:
     found = detect_gitops(obj)
     if found is None:
         return ref
