@@ -68,6 +68,8 @@ def _oom_picture(signals: "Signals", total: float) -> str:
     free = signals.get("oom_free_gib") or 0.0
     others = signals.get("other_processes_gib") or 0.0
     pytorch = (signals.get("oom_allocated_gib") or 0.0) + (signals.get("oom_reserved_unallocated_gib") or 0.0)
+    if others < 2.0:  # below this it is vLLM's own CUDA context and NCCL buffers
+        others = 0.0
     rest = max(0.0, total - free - others - pytorch)
     rows = [("o", "other processes", others), ("P", "PyTorch (vLLM)", pytorch), ("n", "non-PyTorch", rest)]
     bar = "".join(ch * round(v / total * BAR_WIDTH) for ch, _, v in rows if v > 0)[:BAR_WIDTH].ljust(BAR_WIDTH, ".")
