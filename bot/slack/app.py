@@ -43,23 +43,23 @@ def playbook_summaries(dirs: tuple[Path, ...] = PLAYBOOK_DIRS) -> list[tuple[str
                 continue
             if not isinstance(doc, dict):
                 continue
-            out.append((str(doc.get("id", path.stem)), str(doc.get("title", "")), _describe_changes(doc.get("changes"))))
+            out.append((str(doc.get("id", path.stem)), str(doc.get("title", "")), _describe_changes(doc)))
         if out:
             break
     return out
 
 
-def _describe_changes(changes: Any) -> str:
-    if not changes:
-        return "no change (diagnosis only)"
-    items = changes if isinstance(changes, list) else [changes]
-    names = []
-    for item in items:
-        if isinstance(item, dict):
-            names.append(str(item.get("flag") or item.get("name") or item.get("env") or item.get("kind") or item))
-        else:
-            names.append(str(item))
-    return ", ".join(names)
+def _describe_changes(doc: dict[str, Any]) -> str:
+    """The playbook's own one-line summary, else the names of the settings its fixes change."""
+    if doc.get("summary"):
+        return str(doc["summary"])
+    names: list[str] = []
+    for fix in doc.get("fixes") or []:
+        for change in (fix or {}).get("changes") or [] if isinstance(fix, dict) else []:
+            name = str(change.get("name", "")) if isinstance(change, dict) else str(change)
+            if name and name not in names:
+                names.append(name)
+    return "changes " + ", ".join(names) if names else "no change (diagnosis only)"
 
 
 def playbooks_text() -> str:

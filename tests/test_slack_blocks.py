@@ -1,0 +1,116 @@
+"""Block Kit content and escaping: a log line can never ping anyone or break the layout."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+from bot.models import Change, DiagnosisResult
+from bot.ports import Incident, Proposal, WorkloadRef
+from bot.slack.blocks import blocks_to_text, incident_message, note_message
+from bot.slack.escape import code_block, escape
+
+NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
+HOSTILE = "boom <!channel> <@U0BOSS> <!here|here> @here @channel @everyone a&b ```x``` <https://evil|click>"
+
+
+def diagnosis(**kw) -> DiagnosisResult:
+    fields = dict(cause="kv-cache-max-model-len", title="The KV cache cannot hold one request",
+                  explanation="32768 tokens x 128 KiB/token = 4.00 GiB needed > 2.34 GiB available",
+                  evidence=["Available KV cache memory: 2.34 GiB", HOSTILE],
+                  memory_picture="[weights 14.99 GiB][activations][KV 2.34 GiB]",
+                  changes=[Change(kind="flag", name="--max-model-len", before="32768", after="18432")],
+                  command_before=["vllm", "serve", "m", "--max-model-len", "32768"],
+                  command_after=["vllm", "serve", "m", "--max-model-len", "18432"],
+                  container="vllm", pod="vllm-llama3-8b-7d9f8c6b5-x2k4p", node="gpu-l4-node-3",
+                  gpu="NVIDIA-L4, 22 GiB", restarts=7)
+    fields.update(kw)
+    return DiagnosisResult(**fields)
+
+
+def incident(state="proposed", blocked=None, cause="kv-cache-max-model-len", with_proposal=True, **kw) -> Incident:
+    d = diagnosis(cause=cause)
+    proposal = Proposal(
+        id="p1", cluster="prod-eu", cause=cause or "", title=d.title, changes=d.changes,
+        workload=WorkloadRef(kind="Deployment", namespace="inference", name="vllm-llama3-8b", container="vllm",
+                             live_patch_blocked=blocked, repository_hint="values.yaml: vllmConfig.maxModelLen: 18432"
+                             if blocked else None),
+        command_before=d.command_before, command_after=d.command_after, created_at=NOW,
+        expires_at=NOW + timedelta(hours=1), json_patch=[{"op": "test", "path": "/x", "value": 1}], dry_run_ok=True)
+    return Incident(name="prod-eu-inference-vllm-llama3-8b-kv-cache-max-model-len-1a2b3c4d", cluster="prod-eu",
+                    namespace="inference", workload="vllm-llama3-8b", cause=cause, state=state,
+                    pods=["vllm-llama3-8b-7d9f8c6b5-x2k4p"], restarts=7, first_seen=NOW, last_seen=NOW,
+                    diagnosis=d, proposal=proposal if with_proposal else None, **kw)
+
+
+def all_text(blocks) -> str:
+    return json.dumps(blocks, ensure_ascii=False)
+
+
+def buttons(blocks):
+    return [e for b in blocks if b["type"] == "actions" for e in b["elements"]]
+
+
+def test_escape_neutralises_mentions_and_entities():
+    out = escape(HOSTILE)
+    for raw in ("<!channel>", "<@U0BOSS>", "<!here", "<https://evil"):
+        assert raw not in out
+    assert "&lt;!channel&gt;" in out and "a&amp;b" in out
+    assert "@here" not in out and "@channel" not in out and "@everyone" not in out
+
+
+def test_code_block_cannot_be_closed_by_the_log():
+    block = code_block("line one\n``` now outside?\n`````")
+    assert block.startswith("```\n") and block.endswith("\n```")
+    assert block[3:-3].count("```") == 0
+
+
+def test_message_has_everything_an_on_call_engineer_needs():
+    text, blocks = incident_message(incident())
+    body = all_text(blocks)
+    for expected in ("prod-eu", "inference/vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p", "vllm",
+                     "gpu-l4-node-3", "NVIDIA-L4, 22 GiB", "*Restarts*\\n7", "The KV cache cannot hold",
+                     "4.00 GiB needed", "Available KV cache memory: 2.34 GiB", "[weights 14.99 GiB]",
+                     "--max-model-len 32768", "--max-model-len 18432", "--max-model-len: 32768 → 18432"):
+        assert expected in body, expected
+    assert "prod-eu" in text
+    approve, reject = buttons(blocks)
+    assert approve["action_id"] == "vllm_approve" and reject["action_id"] == "vllm_reject"
+    assert approve["value"] == reject["value"] == incident().name  # only the incident name
+    confirm = approve["confirm"]["text"]["text"]
+    assert "Deployment inference/vllm-llama3-8b" in confirm and "32768 → 18432" in confirm
+
+
+def test_log_text_in_the_message_is_escaped():
+    _, blocks = incident_message(incident())
+    body = all_text(blocks)
+    assert "<!channel>" not in body and "<@U0BOSS>" not in body and "<https://evil" not in body
+    assert "@here" not in body and "@everyone" not in body
+
+
+def test_no_buttons_when_gitops_manages_the_workload():
+    _, blocks = incident_message(incident(state="diagnosed", blocked="managed by Argo CD; self-heal would revert"))
+    assert buttons(blocks) == []
+    body = all_text(blocks)
+    assert "No live patch" in body and "vllmConfig.maxModelLen: 18432" in body
+
+
+def test_no_buttons_without_a_known_cause():
+    _, blocks = incident_message(incident(state="diagnosed", cause=None, with_proposal=False))
+    assert buttons(blocks) == [] and "No change proposed" in all_text(blocks)
+
+
+def test_decided_states_lose_the_buttons_and_say_who():
+    decided = NOW + timedelta(minutes=3)
+    for state, words in (("applied", "Applied by <@U0APPROVER>"), ("rejected", "Rejected by <@U0APPROVER>"),
+                         ("expired", "expired"), ("resolved", "Resolved")):
+        _, blocks = incident_message(incident(state=state, approver="U0APPROVER", decided_at=decided))
+        assert buttons(blocks) == [] and words in all_text(blocks), state
+
+
+def test_thread_note_with_rollback_and_terminal_rendering():
+    _, blocks = note_message(":x: crashed again", diagnosis(), rollback_incident="inc-1")
+    assert buttons(blocks)[0]["action_id"] == "vllm_rollback" and buttons(blocks)[0]["value"] == "inc-1"
+    text = blocks_to_text(incident_message(incident())[1])
+    assert "[Approve] (asks: Patch Deployment inference/vllm-llama3-8b" in text and "[Reject]" in text
+    assert "<!channel>" in text  # the terminal shows the literal log text; only Slack needs escaping
