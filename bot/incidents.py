@@ -194,26 +194,30 @@ class KubeIncidentStore:
     pruning of nested fields) and a merge patch replaces it whole, so no stale key survives.
     """
 
-    def __init__(self, api: Any, namespace: str):
+    def __init__(self, api: Any, namespace: str, retry: Any = None):
+        from bot.kube.retry import RetryPolicy
+
         self.api = api  # kubernetes.client.CustomObjectsApi
         self.namespace = namespace
+        # 429/5xx/timeouts are retried (and counted) by the Kubernetes side's policy. A retried
+        # create or update that had in fact succeeded comes back as 409, which callers already
+        # handle as "someone else got there first" and re-read.
+        self.retry = retry or RetryPolicy()
 
     @classmethod
-    def from_kubeconfig(cls, namespace: str, context: str | None = None) -> "KubeIncidentStore":
-        from kubernetes import client, config
+    def from_environment(cls, namespace: str, context: str | None = None) -> "KubeIncidentStore":
+        from kubernetes import client
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config(context=context)
-        return cls(client.CustomObjectsApi(), namespace)
+        from bot.kube.api import api_client_from_environment
+
+        return cls(client.CustomObjectsApi(api_client_from_environment(context)), namespace)
 
     def create(self, incident: Incident) -> Incident:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = self.api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                           to_custom_object(incident))
+            obj = self.retry.call("create vllmincidents", self.api.create_namespaced_custom_object, GROUP,
+                                  VERSION, self.namespace, PLURAL, to_custom_object(incident))
         except ApiException as exc:
             if exc.status == 409:
                 raise IncidentExists(incident.name) from None
@@ -224,7 +228,8 @@ class KubeIncidentStore:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+            obj = self.retry.call("get vllmincidents", self.api.get_namespaced_custom_object, GROUP, VERSION,
+                                  self.namespace, PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -240,8 +245,8 @@ class KubeIncidentStore:
         patch = {"metadata": {"resourceVersion": incident.version, "labels": body["metadata"]["labels"]},
                  "spec": body["spec"]}
         try:
-            obj = self.api.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                          incident.name, patch)
+            obj = self.retry.call("patch vllmincidents", self.api.patch_namespaced_custom_object, GROUP,
+                                  VERSION, self.namespace, PLURAL, incident.name, patch)
         except ApiException as exc:
             if exc.status in (404, 409):
                 raise IncidentConflict(f"{incident.name}: {exc.reason}") from None
@@ -250,6 +255,6 @@ class KubeIncidentStore:
 
     def list(self, **labels: str) -> list[Incident]:
         selector = ",".join(f"{LABEL_PREFIX}{k}={_selector_value(k, v)}" for k, v in labels.items())
-        result = self.api.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                        label_selector=selector or None)
+        result = self.retry.call("list vllmincidents", self.api.list_namespaced_custom_object, GROUP, VERSION,
+                                 self.namespace, PLURAL, label_selector=selector or None)
         return [from_custom_object(item) for item in result.get("items") or []]
