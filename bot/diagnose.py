@@ -19,6 +19,7 @@ from bot.formulas import FORMULAS, Computed, Context
 from bot.logfacts import LogFacts, extract
 from bot.models import BundleError, Change, DiagnosisResult, Evidence
 from bot.playbooks import Condition, Playbook, default_playbooks
+from bot.redact import redact
 from bot.signals import Signals, compute
 
 MAX_EVIDENCE_LINES = 10
@@ -169,10 +170,10 @@ def _evidence_lines(book: Playbook, signals: Signals, matched: list[str], facts:
     for line in matched + [signals.lines.get(name, "") for name in book.evidence]:
         line = (line or "").strip()
         if line and line not in lines:
-            lines.append(line[:MAX_EVIDENCE_CHARS])
+            lines.append(line)
     if not lines and facts.tail:
-        lines = [t.strip()[:MAX_EVIDENCE_CHARS] for t in facts.tail[-3:]]
-    return lines[:MAX_EVIDENCE_LINES]
+        lines = [t.strip() for t in facts.tail[-3:]]
+    return [redact(line)[:MAX_EVIDENCE_CHARS] for line in lines[:MAX_EVIDENCE_LINES]]
 
 
 def _unknown(facts: LogFacts, signals: Signals, base: dict[str, Any]) -> DiagnosisResult:
@@ -189,7 +190,7 @@ def _unknown(facts: LogFacts, signals: Signals, base: dict[str, Any]) -> Diagnos
     else:
         why = "No crash cause was found in the log; the last lines are shown below. No change is proposed."
     return DiagnosisResult(cause=None, title="No known cause", explanation=why,
-                           evidence=[e[:MAX_EVIDENCE_CHARS] for e in evidence][:MAX_EVIDENCE_LINES],
+                           evidence=[redact(e)[:MAX_EVIDENCE_CHARS] for e in evidence][:MAX_EVIDENCE_LINES],
                            confidence="low", **base)
 
 

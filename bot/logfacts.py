@@ -166,10 +166,14 @@ rx("world_size", ("World size (",), r"World size \((\d+)\) is larger than the nu
 rx("tp_local", ("max local gpu count",), r"please (?:set tensor_parallel_size \((\d+)\) to less than|ensure that world_size \((\d+)\) is less than than) max local gpu count \((\d+)\)")
 rx("ray_pg", ("placement group",), r"number of required GPUs exceeds the total number of available GPUs|Waiting for creating a placement group of specs|Cannot provide a placement group")
 rx("heads_tp", ("must be divisible by tensor parallel size",), r"Total number of attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)")
-rx("shm_segment", ("shared memory", "/dev/shm"), r"(?:Error while creating shared memory segment|unable to (?:create|allocate|open) shared memory|No space left on device|shared memory)\s*(/dev/shm\S*)?(?: \(size (\d+)\))?")
+rx("shm_segment", ("shared memory", "/dev/shm", "shm_open"),
+   r"Error while creating shared memory segment\s*(/dev/shm\S*)?(?: \(size (\d+)\))?"
+   r"|(?:unable to|failed to|cannot|could not|Unable to|Failed to|Cannot|Could not) (?:create|allocate|open|map|mmap)[^\n]{0,60}(?:shared memory|/dev/shm|shm_open)"
+   r"|/dev/shm[^\n]{0,80}No space left on device|No space left on device[^\n]{0,80}/dev/shm")
 rx("shm_insufficient", ("Insufficient space in",), r"Insufficient space in (\S+?)(?: for [^:]+)?: (\d+) MiB required, (\d+) MiB free")
 rx("bus_error", ("Bus error", "SIGBUS", "signal 7"), r"Bus error|SIGBUS|signal 7\b")
-rx("nccl_error", ("NCCL", "ncclSystemError", "DistBackendError", "unhandled system error"), r"NCCL error|ncclSystemError|ncclUnhandledCudaError|unhandled system error|DistBackendError")
+# NCCL's "system error" is what a full /dev/shm produces; network or CUDA errors are other causes
+rx("nccl_error", ("ncclSystemError", "unhandled system error"), r"ncclSystemError|unhandled system error")
 rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "Out of memory: Killed", "oom-kill", "OOMKilled", "MemoryError"),
    r"OOM killer|killed by SIGKILL|exceeds the memory usage threshold|Ray killed this worker|Out of memory: Killed process|oom-kill|OOMKilled|(?<![\w])MemoryError")
 rx("sigterm", ("KeyboardInterrupt", "SIGTERM", "signal 15", "Terminated"), r"KeyboardInterrupt: terminated|Received SIGTERM|signal 15|SIGTERM|^Terminated\b")
@@ -194,6 +198,7 @@ FRAME_STAGES = {
     "capture": "graph_capture", "capture_begin": "graph_capture", "_warmup_and_capture": "graph_capture",
     "_dummy_sampler_run": "warmup", "_dummy_pooler_run": "warmup",
     "profile_run": "profiling", "determine_num_available_blocks": "profiling",
+    "profile_num_available_blocks": "profiling", "_dummy_run_for_profile": "profiling",
     "determine_available_memory": "profiling", "_profile_multimodal": "profiling",
     "_allocate_kv_cache": "kv_allocation", "initialize_kv_cache": "kv_allocation",
     "_allocate_kv_cache_tensors": "kv_allocation", "_init_cache_engine": "kv_allocation",
@@ -337,10 +342,9 @@ def _handle(state: _State, name: str, m: re.Match[str], line: str, n: int) -> No
     elif name == "heads_tp":
         state.put("heads_not_divisible", True, line, n)
     elif name == "shm_segment":
-        if "/dev/shm" in line or "shared memory" in line:
-            state.put("shm_error", True, line, n)
-            if g[1]:
-                state.put("shm_required_mib", int(g[1]) / 2**20, line, n, keep="max")
+        state.put("shm_error", True, line, n)
+        if g[1]:
+            state.put("shm_required_mib", int(g[1]) / 2**20, line, n, keep="max")
     elif name == "shm_insufficient":
         state.put("shm_error", True, line, n)
         state.put("shm_required_mib", float(g[1]), line, n, keep="max")

@@ -580,9 +580,10 @@ class OncallService:
             self._reply(incident, clicked, Note(text=f":x: The new pod {result.pod or ''} crashed again: "
                                                      f"{result.message}", diagnosis=result.diagnosis,
                                                 rollback_incident=name))
-        else:
+        else:  # state stays "applied": nothing new to show on the message itself
             self._reply(incident, clicked, Note(text=f":hourglass: Rollout not confirmed ({result.outcome}): "
                                                      f"{result.message}", rollback_incident=name))
+            return incident
         self._refresh(incident, clicked)
         return incident
 

@@ -155,11 +155,6 @@ class KubeApi:
                           group, version, namespace, plural, name, body,
                           _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
 
-    def replace_custom(self, group: str, version: str, namespace: str, plural: str, name: str,
-                       body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("update", f"{plural}.{group}", namespace, self.custom.replace_namespaced_custom_object,
-                          group, version, namespace, plural, name, body)
-
 
 def is_conflict(exc: BaseException) -> bool:
     """409 (stale resourceVersion) or 422 with a failed `test` op: someone changed the object."""

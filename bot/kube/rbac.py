@@ -15,7 +15,7 @@ REQUIRED: list[tuple[str, str, tuple[str, ...]]] = [
     ("apps", "replicasets", ("get", "list")),  # owner resolution; following a rollout
     ("apps", "deployments", ("get", "patch")),  # read the workload; the approved patch
     ("apps", "statefulsets", ("get", "patch")),
-    ("oncall.vllm.ai", "vllmincidents", ("create", "get", "list", "patch", "update")),  # incident state
+    ("oncall.vllm.ai", "vllmincidents", ("create", "get", "list", "patch")),  # incident state (bot/incidents.py)
 ]
 
 

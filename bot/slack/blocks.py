@@ -84,16 +84,17 @@ def incident_message(incident: Incident) -> tuple[str, list[dict[str, Any]]]:
     if d.explanation:
         blocks.append(_section(escape(d.explanation)))
     if d.evidence:
+        lines = list(dict.fromkeys(d.evidence))  # the same line twice says nothing new
         blocks.append(_section("*Evidence* (from the previous container's log and the pod)\n"
-                               + code_block("\n".join(d.evidence))))
+                               + code_block("\n".join(lines))))
     if d.memory_picture:
         blocks.append(_section("*GPU memory*\n" + code_block(d.memory_picture)))
     blocks.extend(_proposal_blocks(incident))
     status = _status_line(incident)
     if status:
-        blocks.append(_section(status))
+        blocks.append({**_section(status), "block_id": "status"})
     pods = ", ".join(incident.pods[:5]) + (f" and {len(incident.pods) - 5} more" if len(incident.pods) > 5 else "")
-    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": escape(
+    blocks.append({"type": "context", "block_id": "context", "elements": [{"type": "mrkdwn", "text": escape(
         f"incident {incident.name} · pods {pods} · {incident.alert_count} alert(s) · "
         f"first seen {_time(incident.first_seen)} · last seen {_time(incident.last_seen)}")}]})
     return fallback, blocks[:50]

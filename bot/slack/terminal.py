@@ -34,8 +34,10 @@ class TerminalChat:
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         _, blocks = incident_message(incident)
-        self._print(f"Message in {message.channel} updated in place (state: {incident.state})",
-                    blocks_to_text(blocks))
+        # The body (diagnosis, evidence, change) is as posted; show what an update changes.
+        changed = [b for b in blocks if b["type"] in ("header", "actions") or b.get("block_id") in ("status", "context")]
+        self._print(f"Message in {message.channel} updated in place (state: {incident.state}); "
+                    "the diagnosis above is unchanged", blocks_to_text(changed))
 
     def reply(self, thread: MessageRef, note: Note) -> None:
         _, blocks = note_message(note.text, note.diagnosis, note.rollback_incident)
