@@ -11,7 +11,7 @@ from kubernetes import client
 from bot.incidents import KubeIncidentStore
 from bot.kube.retry import RetryPolicy
 from bot.ports import Incident, IncidentConflict, IncidentExists
-from tests.kubeapi.server import FakeKube
+from kubeapi.server import FakeKube
 
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
 

@@ -16,9 +16,8 @@ from bot.incidents import FolderIncidentStore
 from bot.server import BotServer
 from bot.service import OncallService, Policy
 from bot.slack.chat import SlackChat, make_client
-from tests.slackapi import SlackStandIn
-from tests.slackapi.fake_cluster import FakeCluster
-from tests.test_service import kv_diagnosis
+from slackapi import SlackStandIn
+from slackapi.fake_cluster import FakeCluster, kv_diagnosis
 
 ALERT = json.loads((Path(__file__).resolve().parents[1] / "examples" / "incident" / "alert.json").read_text())
 NS, POD = "inference", "vllm-llama3-8b-7d9f8c6b5-x2k4p"

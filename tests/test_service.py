@@ -8,24 +8,14 @@ from datetime import timedelta
 import pytest
 
 from bot.incidents import FolderIncidentStore
-from bot.models import Change, DiagnosisResult
+from bot.models import DiagnosisResult
 from bot.ports import ApplyResult, Verification
 from bot.service import AlertTarget, ChatUnavailable, MessageRef, Note, OncallService, Policy
-from tests.slackapi.fake_cluster import FakeCluster
+from slackapi.fake_cluster import FakeCluster, kv_diagnosis
 
 NS, DEPLOY = "inference", "vllm-llama3-8b"
 POD_A, POD_B = "vllm-llama3-8b-7d9f8c6b5-x2k4p", "vllm-llama3-8b-7d9f8c6b5-q9z7w"
 APPROVER, STRANGER = "U0APPROVER", "U0STRANGER"
-
-
-def kv_diagnosis(evidence=None, max_model_len: str = "18432") -> DiagnosisResult:
-    before = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "32768"]
-    return DiagnosisResult(
-        cause="kv-cache-max-model-len", title="The KV cache cannot hold one request of --max-model-len tokens",
-        explanation="32768 tokens x 128 KiB = 4.00 GiB needed, 2.34 GiB available.",
-        evidence=["Available KV cache memory: 2.34 GiB"],
-        changes=[Change(kind="flag", name="--max-model-len", before="32768", after=max_model_len)],
-        command_before=before, command_after=before[:-1] + [max_model_len])
 
 
 class RecordingChat:

@@ -23,9 +23,8 @@ from bot.server import BotServer
 from bot.service import AlertTarget, OncallService, Policy
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client
-from tests.slackapi import SlackStandIn
-from tests.slackapi.fake_cluster import FakeCluster
-from tests.test_service import kv_diagnosis
+from slackapi import SlackStandIn
+from slackapi.fake_cluster import FakeCluster, kv_diagnosis
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 NS, DEPLOY, POD = "inference", "vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p"

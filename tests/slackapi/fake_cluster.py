@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from bot.evidence import load_bundle
-from bot.models import DiagnosisResult, Evidence
+from bot.models import Change, DiagnosisResult, Evidence
 from bot.ports import ApplyResult, PodNotFound, Proposal, Verification, WorkloadRef
 
 BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle"
@@ -90,3 +90,14 @@ class FakeCluster:
 
     def verify(self, workload: WorkloadRef, timeout_seconds: float) -> Verification:
         return self.verification
+
+
+def kv_diagnosis(evidence: Evidence | None = None, max_model_len: str = "18432") -> DiagnosisResult:
+    """A hand-built diagnosis of the bundled incident, independent of the diagnosis core."""
+    before = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "32768"]
+    return DiagnosisResult(
+        cause="kv-cache-max-model-len", title="The KV cache cannot hold one request of --max-model-len tokens",
+        explanation="32768 tokens x 128 KiB = 4.00 GiB needed, 2.34 GiB available.",
+        evidence=["Available KV cache memory: 2.34 GiB"],
+        changes=[Change(kind="flag", name="--max-model-len", before="32768", after=max_model_len)],
+        command_before=before, command_after=before[:-1] + [max_model_len])
