@@ -311,9 +311,28 @@ def rewrite_manifest(text: str, changes: list[Change], container: str | None = N
                      workload_name: str | None = None) -> tuple[str, list[str]]:
     """The manifest text with the changes made to its Deployment/StatefulSet, and the fields changed.
 
-    ruamel.yaml round trip: comments, key order, quoting and block scalars (a `|` shell script
-    stays a `|` script) are kept; only the values that change are touched.
+    Only the workload's own document is re-emitted (other documents of the file stay byte for
+    byte), through a ruamel.yaml round trip: comments, key order, quoting and block scalars (a `|`
+    shell script stays a `|` script) are kept; only the values that change are touched.
     """
+    parts = re.split(r"(?m)^(---[ \t]*(?:#.*)?\n)", text)  # [doc, sep, doc, sep, doc...]
+    for i in range(0, len(parts), 2):
+        try:
+            doc = yaml.safe_load(parts[i])
+        except yaml.YAMLError:
+            continue
+        if not isinstance(doc, dict) or doc.get("kind") not in WORKLOAD_KINDS:
+            continue
+        if workload_name is not None and (doc.get("metadata") or {}).get("name") != workload_name:
+            continue
+        new_doc, touched = _rewrite_document(parts[i], changes, container)
+        parts[i] = new_doc
+        return "".join(parts), touched
+    raise ChangeError(f"no {' or '.join(WORKLOAD_KINDS)}"
+                      f"{' named ' + workload_name if workload_name else ''} in the manifest")
+
+
+def _rewrite_document(text: str, changes: list[Change], container: str | None) -> tuple[str, list[str]]:
     from ruamel.yaml import YAML
 
     ryaml = YAML()
@@ -321,22 +340,15 @@ def rewrite_manifest(text: str, changes: list[Change], container: str | None = N
     ryaml.width = 4096
     mapping, sequence, offset = _detect_indent(text)
     ryaml.indent(mapping=mapping, sequence=sequence, offset=offset)
-    docs = list(ryaml.load_all(text))
-    target = None
-    for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") in WORKLOAD_KINDS:
-            if workload_name is None or (doc.get("metadata") or {}).get("name") == workload_name:
-                target = doc
-                break
-    if target is None:
-        raise ChangeError(f"no {' or '.join(WORKLOAD_KINDS)}"
-                          f"{' named ' + workload_name if workload_name else ''} in the manifest")
+    target = ryaml.load(text)
     live_spec = target["spec"]["template"]["spec"]
     plain_spec = json.loads(json.dumps(live_spec))
     name = plain_spec["containers"][container_index(plain_spec, container)]["name"]
     new_spec = apply_changes(plain_spec, name, changes)
     before, after = fields_of(plain_spec, name), fields_of(new_spec, name)
     touched = changed_fields(before, after)
+    if not touched:
+        return text, []
     live_container = live_spec["containers"][container_index(plain_spec, name)]
     for f in touched:
         holder = live_spec if f in POD_FIELDS else live_container
@@ -347,11 +359,7 @@ def rewrite_manifest(text: str, changes: list[Change], container: str | None = N
         else:
             holder[f] = _sync(holder[f], after[f])
     out = io.StringIO()
-    if len(docs) == 1 and not text.lstrip().startswith("---"):
-        ryaml.dump(docs[0], out)
-    else:
-        ryaml.explicit_start = text.lstrip().startswith("---")
-        ryaml.dump_all(docs, out)
+    ryaml.dump(target, out)
     return out.getvalue(), touched
 
 
