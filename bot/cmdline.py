@@ -30,6 +30,8 @@ BOOLEAN_FLAGS = {
     "--disable-uvicorn-access-log", "--return-tokens-as-token-ids", "--enable-force-include-usage",
 }
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
+                 "-dp": "--data-parallel-size", "-O": "--compilation-config"}
 
 
 def canonical(flag: str) -> str:
@@ -40,9 +42,13 @@ def canonical(flag: str) -> str:
     return "--" + head.replace("_", "-") + dot + rest
 
 
+_BOOLEAN_PREFIXES = ("--enable-", "--disable-", "--no-", "--use-", "--trust-", "--skip-")
+
+
 def is_boolean(flag: str) -> bool:
+    """Flags that take no value: the known ones, and vLLM's --enable-*/--disable-*/--no-* switches."""
     c = canonical(flag)
-    return c in BOOLEAN_FLAGS or (c.startswith("--no-") and "--" + c[5:] in BOOLEAN_FLAGS)
+    return c in BOOLEAN_FLAGS or c.startswith(_BOOLEAN_PREFIXES)
 
 
 @dataclass
@@ -110,33 +116,67 @@ class ParsedCommand:
 
 
 def _quote_shell(word: str) -> str:
-    return shlex.quote(word) if (" " in word or not word) else word
+    return shlex.quote(word)
+
+
+OPERATOR = "\x00"  # marks separator and redirection words, so a quoted "&" stays an argument
 
 
 def _shell_words(script: str) -> list[tuple[str, tuple[int, int]]]:
-    """Split a shell script into words with their character spans (quotes understood)."""
+    """Split a shell script into words with their character spans.
+
+    Understood: single and double quotes (with backslash escapes inside double quotes),
+    backslash-newline continuations, `#` comments, newlines and `;`, `&&`, `||`, `|`, `&` as
+    command separators, and redirections (`2>&1`, `> file`), which end a command's words.
+    """
     words: list[tuple[str, tuple[int, int]]] = []
     i, n = 0, len(script)
     while i < n:
-        while i < n and script[i] in " \t\n\\" and not (script[i] == "\\" and i + 1 < n and script[i + 1] not in "\n"):
+        ch = script[i]
+        if ch == "\\" and i + 1 < n and script[i + 1] == "\n":
+            i += 2
+            continue
+        if ch in " \t":
             i += 1
-        if i >= n:
-            break
-        if script[i] in ";&|":
+            continue
+        if ch == "\n":
+            words.append((OPERATOR + "\n", (i, i + 1)))
+            i += 1
+            continue
+        if ch == "#":
+            end = script.find("\n", i)
+            i = n if end == -1 else end
+            continue
+        redirect = re.match(r"\d*(?:>>?|<|&>)(?:&\d+)?", script[i:])
+        if redirect:
+            words.append((OPERATOR + redirect.group(0), (i, i + redirect.end())))
+            i += redirect.end()
+            continue
+        if ch in ";&|":
             j = i
             while j < n and script[j] in ";&|":
                 j += 1
-            words.append((script[i:j], (i, j)))
+            words.append((OPERATOR + script[i:j], (i, j)))
             i = j
             continue
         start, buf = i, []
-        while i < n and script[i] not in " \t\n;&|":
+        while i < n and script[i] not in " \t\n;&|<>":
             ch = script[i]
-            if ch in "'\"":
-                end = script.find(ch, i + 1)
+            if ch == "'":
+                end = script.find("'", i + 1)
                 end = n if end < 0 else end
                 buf.append(script[i + 1 : end])
                 i = end + 1
+            elif ch == '"':
+                i += 1
+                while i < n and script[i] != '"':
+                    if script[i] == "\\" and i + 1 < n and script[i + 1] in '"\\$`':
+                        buf.append(script[i + 1])
+                        i += 2
+                    else:
+                        buf.append(script[i])
+                        i += 1
+                i += 1
             elif ch == "\\" and i + 1 < n:
                 if script[i + 1] == "\n":
                     i += 2
@@ -187,7 +227,7 @@ def parse(command: list[str] | None, args: list[str] | None) -> ParsedCommand:
     positional_model_allowed = entrypoint in {"vllm serve", "image entrypoint"}
     while i < len(tokens):
         tok = tokens[i]
-        if shell and tok.text in {"&&", "||", ";", "|", "&"}:
+        if _is_operator(tok):
             break
         parsed.last_token = tok
         text = tok.text
@@ -203,7 +243,7 @@ def parse(command: list[str] | None, args: list[str] | None) -> ParsedCommand:
                 not is_boolean(cname)
                 and nxt is not None
                 and (not nxt.text.startswith("-") or _NUMBER.match(nxt.text) is not None)
-                and not (shell and nxt.text in {"&&", "||", ";", "|", "&"})
+                and not _is_operator(nxt)
             )
             if takes_value:
                 parsed.flags.append(FlagUse(cname, tok, nxt, None, name))
@@ -213,11 +253,15 @@ def parse(command: list[str] | None, args: list[str] | None) -> ParsedCommand:
                 parsed.flags.append(FlagUse(cname, tok, None, None, name))
                 i += 1
             continue
-        if text in {"-tp", "-pp", "-q"} and i + 1 < len(tokens):
-            alias = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}[text]
-            parsed.flags.append(FlagUse(alias, tok, tokens[i + 1], None, text))
-            parsed.last_token = tokens[i + 1]
-            i += 2
+        short, eq, inline = text.partition("=")
+        if short in SHORT_ALIASES and (eq or i + 1 < len(tokens)):
+            if eq:
+                parsed.flags.append(FlagUse(SHORT_ALIASES[short], tok, None, inline, short))
+                i += 1
+            else:
+                parsed.flags.append(FlagUse(SHORT_ALIASES[short], tok, tokens[i + 1], None, short))
+                parsed.last_token = tokens[i + 1]
+                i += 2
             continue
         if positional_model_allowed and parsed.model is None and not text.startswith("-"):
             parsed.model = text
@@ -255,6 +299,7 @@ def apply_flag_changes(parsed: ParsedCommand, changes: list[Change]) -> tuple[li
     argv_edits: dict[tuple[str, int], list[str]] = {}
     span_edits: list[tuple[int, int, str]] = []
     appended: list[str] = []
+    q = _quote_shell if parsed.shell else (lambda text: text)
 
     for change in changes:
         if change.kind != "flag":
@@ -275,14 +320,13 @@ def apply_flag_changes(parsed: ParsedCommand, changes: list[Change]) -> tuple[li
             word = name if change.after == "true" else "--no-" + name[2:]
             _replace(last.flag_token, word, parsed, argv_edits, span_edits)
         elif last.inline_value is not None:
-            _replace(last.flag_token, f"{last.spelled}={change.after}", parsed, argv_edits, span_edits)
+            _replace(last.flag_token, f"{last.spelled}={q(change.after)}", parsed, argv_edits, span_edits)
         elif last.value_token is not None:
-            _replace(last.value_token, change.after, parsed, argv_edits, span_edits)
+            _replace(last.value_token, q(change.after), parsed, argv_edits, span_edits)
+        elif parsed.shell:
+            _replace(last.flag_token, f"{last.spelled} {q(change.after)}", parsed, argv_edits, span_edits)
         else:
-            _replace(last.flag_token, f"{last.spelled} {change.after}" if parsed.shell else last.spelled,
-                     parsed, argv_edits, span_edits)
-            if not parsed.shell:
-                argv_edits[(last.flag_token.where, last.flag_token.index)] = [last.spelled, change.after]
+            argv_edits[(last.flag_token.where, last.flag_token.index)] = [last.spelled, change.after]
 
     if parsed.shell:
         where, idx = parsed.shell
@@ -318,11 +362,16 @@ def apply_flag_changes(parsed: ParsedCommand, changes: list[Change]) -> tuple[li
 
 
 def _replace(tok: Token, text: str, parsed: ParsedCommand, argv_edits: dict, span_edits: list) -> None:
+    """`text` is final: already quoted for the shell by the caller when the command is a script."""
     if parsed.shell and tok.span:
-        quoted = text if " " in text and text.startswith("--") else _quote_shell(text)
-        span_edits.append((tok.span[0], tok.span[1], quoted))
+        span_edits.append((tok.span[0], tok.span[1], text))
     else:
         argv_edits[(tok.where, tok.index)] = [text]
+
+
+def _is_operator(tok: Token) -> bool:
+    """A separator word the tokenizer made (not a quoted argument that happens to read `&`)."""
+    return tok.text.startswith(OPERATOR)
 
 
 def _remove_use(use: FlagUse, parsed: ParsedCommand, argv_edits: dict, span_edits: list) -> None:

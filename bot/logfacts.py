@@ -578,9 +578,19 @@ def _mostly_binary(sample: bytes) -> bool:
         return exc.start < len(sample) - 4 or control > len(sample) * 0.05
 
 
+_ALL_GATES = sorted({g for _, _, gates in _RX for g in gates})
+_PARSERS_BY_GATE = {g: [i for i, (_, _, gates) in enumerate(_RX) if g in gates] for g in _ALL_GATES}
+_GATE_AUTOMATON = ahocorasick_rs.AhoCorasick(_ALL_GATES) if ahocorasick_rs else None
+
+
 def _parse_line(state: _State, line: str, n: int) -> None:
-    for name, pattern, gates in _RX:  # in order: a line's OOM total comes before its process list
-        if any(g in line for g in gates):
-            m = pattern.search(line)
-            if m:
-                _handle(state, name, m, line, n)
+    if _GATE_AUTOMATON is not None:
+        gates = _GATE_AUTOMATON.find_matches_as_strings(line, overlapping=True)
+        todo = sorted({i for g in gates for i in _PARSERS_BY_GATE[g]})
+    else:
+        todo = [i for i, (_, _, gates) in enumerate(_RX) if any(g in line for g in gates)]
+    for i in todo:  # in _RX order: a line's OOM total comes before its process list
+        name, pattern, _ = _RX[i]
+        m = pattern.search(line)
+        if m:
+            _handle(state, name, m, line, n)
