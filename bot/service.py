@@ -478,17 +478,13 @@ class OncallService:
         incident, refusal = self._decidable(name, user, clicked, "approve")
         if incident is None:
             return refusal or "refused"
-        now = self.clock()
-        try:
-            # The one step that makes approval single-use: proposed -> applying, by CAS.
-            incident = self.store.update(incident.model_copy(update={
-                "state": "applying", "approver": user, "decided_at": now,
-                "history": _bounded(incident.history + [f"{iso(now)} approved by {user}"])}))
-        except IncidentConflict:
-            current = self.store.get(name)
-            state = current.state if current else "gone"
-            return self._refuse("already_decided", clicked.channel if clicked else None, user,
-                                f"Someone else acted on this proposal first (it is now {state}). Nothing was changed.")
+        # The one step that makes approval single-use: proposed -> applying, by CAS.
+        claimed = self._claim(name, ("proposed",), lambda inc, now: {
+            "state": "applying", "approver": user, "decided_at": now,
+            "history": _bounded(inc.history + [f"{iso(now)} approved by {user}"])})
+        if claimed is None:
+            return self._someone_else_first(name, clicked, user)
+        incident = claimed
         self.metrics.approvals.inc()
         self._refresh(incident, clicked)
         assert incident.proposal is not None
@@ -591,14 +587,12 @@ class OncallService:
         incident, refusal = self._decidable(name, user, clicked, "reject")
         if incident is None:
             return refusal or "refused"
-        now = self.clock()
-        try:
-            incident = self.store.update(incident.model_copy(update={
-                "state": "rejected", "approver": user, "decided_at": now,
-                "history": _bounded(incident.history + [f"{iso(now)} rejected by {user}"])}))
-        except IncidentConflict:
-            return self._refuse("already_decided", clicked.channel if clicked else None, user,
-                                "Someone else acted on this proposal first. Nothing was changed.")
+        claimed = self._claim(name, ("proposed",), lambda inc, now: {
+            "state": "rejected", "approver": user, "decided_at": now,
+            "history": _bounded(inc.history + [f"{iso(now)} rejected by {user}"])})
+        if claimed is None:
+            return self._someone_else_first(name, clicked, user)
+        incident = claimed
         self.metrics.rejections.inc()
         self._refresh(incident, clicked)
         return "rejected"
@@ -614,12 +608,13 @@ class OncallService:
             state = incident.state if incident else "gone"
             return self._refuse("nothing_to_roll_back", channel, user,
                                 f"Nothing to roll back (the incident is {state}).")
-        now = self.clock()
-        try:  # claim the rollback by CAS, so a double click rolls back once
-            incident = self.store.update(incident.model_copy(update={
-                "state": "rolled-back", "history": _bounded(incident.history + [f"{iso(now)} rollback by {user}"])}))
-        except IncidentConflict:
-            return self._refuse("already_decided", channel, user, "Someone else acted on this incident first.")
+        # Claim the rollback by CAS, so a double click rolls back once.
+        claimed = self._claim(name, ("applied", "verified", "failed"), lambda inc, now: {
+            "state": "rolled-back", "history": _bounded(inc.history + [f"{iso(now)} rollback by {user}"])})
+        if claimed is None:
+            return self._someone_else_first(name, clicked, user)
+        incident = claimed
+        assert incident.proposal is not None
         workload = incident.proposal.workload
         try:
             result = self.cluster.rollback(workload.namespace, workload.kind, workload.name, user)
@@ -653,6 +648,28 @@ class OncallService:
             except IncidentConflict:
                 continue
         raise IncidentConflict(f"{name}: gave up after {attempts} lost races")
+
+    def _claim(self, name: str, from_states: tuple[str, ...], update: Callable[[Incident, datetime], dict],
+               attempts: int = 8) -> Incident | None:
+        """Move the incident out of `from_states` by CAS. Returns it if this call made the move,
+        None if it was no longer in those states. A lost race against an unrelated write (a
+        repeat alert's counters) is retried; a lost race against another decision is not."""
+        for _ in range(attempts):
+            incident = self.store.get(name)
+            if incident is None or incident.state not in from_states:
+                return None
+            try:
+                return self.store.update(incident.model_copy(update=update(incident, self.clock())))
+            except IncidentConflict:
+                continue
+        return None
+
+    def _someone_else_first(self, name: str, clicked: MessageRef | None, user: str) -> str:
+        current = self.store.get(name)
+        state = current.state if current else "gone"
+        by = f" by <@{current.approver}>" if current and current.approver else ""
+        return self._refuse("already_decided", clicked.channel if clicked else None, user,
+                            f"Someone else acted on this first (it is now {state}{by}). Nothing was changed.")
 
     def _transition(self, name: str, state: str, note: str) -> Incident:
         incident = self._mutate(name, lambda inc: inc.model_copy(update={

@@ -280,3 +280,25 @@ def test_why_after_rejection_offers_a_fresh_proposal(service, chat):
 def test_alert_for_a_vanished_pod_is_skipped(service, chat):
     assert service.handle_alert(AlertTarget(namespace=NS, pod="gone-pod")) is None
     assert chat.posts == []
+
+
+class InterferingStore(FolderIncidentStore):
+    """A repeat alert's counter update lands between the click's read and its CAS."""
+
+    interfere = False
+
+    def update(self, incident):
+        if self.interfere and incident.state == "applying":
+            self.interfere = False
+            current = self.get(incident.name)
+            super().update(current.model_copy(update={"alert_count": current.alert_count + 1}))
+        return super().update(incident)
+
+
+def test_an_unrelated_write_does_not_refuse_the_click(cluster, chat, tmp_path):
+    store = InterferingStore(tmp_path)
+    svc = OncallService(cluster, store, chat, Policy(approver_users=frozenset({APPROVER})), diagnose=kv_diagnosis)
+    incident = svc.handle_alert(alert())
+    store.interfere = True
+    assert svc.approve(incident.name, APPROVER) == "applied"
+    assert store.get(incident.name).alert_count == 2 and len(cluster.applied) == 1
