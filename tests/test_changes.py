@@ -195,3 +195,62 @@ def test_rewrite_manifest_shell_block_scalar_stays_a_block_and_new_fields_are_ad
 def test_rewrite_manifest_without_a_workload_is_an_error():
     with pytest.raises(ChangeError):
         rewrite_manifest("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", [MAX_LEN])
+
+
+# ---- properties: the patch makes exactly the new spec, and a rollback restores exactly the old one ----
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from bot.kube import plan  # noqa: E402
+
+FLAG_SPELLINGS = st.sampled_from(["--max-model-len", "--max_model_len"])
+VALUES = st.integers(min_value=1, max_value=131072).map(str)
+
+
+@st.composite
+def containers(draw):
+    """A vLLM container in one of the shapes manifests use, with zero to two uses of the flag."""
+    uses = draw(st.lists(st.tuples(FLAG_SPELLINGS, VALUES, st.booleans()), max_size=2))
+    words = ["--model", "m"]
+    for spelling, value, inline in uses:
+        words += [f"{spelling}={value}"] if inline else [spelling, value]
+    shape = draw(st.sampled_from(["serve-command", "args", "shell", "api_server"]))
+    if shape == "serve-command":
+        c = {"command": ["vllm", "serve"] + words[1:]}
+    elif shape == "args":
+        c = {"args": words}
+    elif shape == "shell":
+        c = {"command": ["/bin/sh", "-c", "exec vllm serve " + " ".join(words[1:])]}
+    else:
+        c = {"command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": words}
+    if draw(st.booleans()):
+        c["env"] = [{"name": "HF_HOME", "value": "/cache"}]
+    return {"name": "vllm", "image": "vllm/vllm-openai", **c}
+
+
+@settings(max_examples=150, deadline=None)
+@given(c=containers(), new_value=VALUES, shm=st.one_of(st.none(), st.sampled_from(["2Gi", "16Gi"])))
+def test_patch_then_rollback_round_trips(c, new_value, shm):
+    workload = {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "w", "namespace": "ns", "resourceVersion": "7", "generation": 3},
+                "spec": {"template": {"spec": {"containers": [{"name": "side", "image": "x"}, c]}}}}
+    changes = [Change(kind="flag", name="--max-model-len", after=new_value)]
+    if shm:
+        changes.append(Change(kind="volume", name="/dev/shm", after=shm))
+    before_spec = workload["spec"]["template"]["spec"]
+    after_spec = apply_changes(before_spec, "vllm", changes)
+    ops = build_json_patch(before_spec, after_spec, "vllm", resource_version="7")
+    patched = jsonpatch.apply_patch(workload, ops)
+    assert patched["spec"]["template"]["spec"] == after_spec
+    from bot.cmdline import parse
+
+    vllm_after = after_spec["containers"][1]
+    assert parse(vllm_after.get("command"), vllm_after.get("args")).get("--max-model-len") == new_value
+
+    record = plan.audit_record("change", "p1", "me", "kv", "vllm", fields_of(before_spec, "vllm"),
+                               fields_of(after_spec, "vllm"))
+    patched = jsonpatch.apply_patch(patched, plan.audit_ops(patched, [record]))
+    rollback, _ = plan.rollback_ops(patched, "you")
+    restored = jsonpatch.apply_patch(patched, rollback)
+    assert restored["spec"]["template"]["spec"] == before_spec

@@ -4,7 +4,6 @@ Entry points for callers (the Slack side, the terminal):
 - `LiveCluster(KubeApi(api_client), name=...)` or `LiveCluster.from_environment(name, context)`:
   ClusterPort on a real cluster (resolve_pod, collect, workload_for, propose, apply, rollback, verify).
 - `LocalCluster(bundle_dir, state_dir, name="local")`: ClusterPort from files, no cluster.
-- `KubeIncidentStore(api, namespace)`: IncidentStore on the vllmincidents custom resource.
 - `retry_count()` / `on_retry(callback)`: Kubernetes API retries, for `kube_retries_total`.
 - `REQUIRED` (bot.kube.rbac): every permission the code uses.
 """

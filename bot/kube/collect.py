@@ -113,7 +113,8 @@ def read_crash_log(api: KubeApi, namespace: str, pod: str, container: str,
         return read_head_and_tail(api, namespace, pod, container, True, head_bytes, tail_lines), []
     except ApiException as exc:
         message = status_message(exc)
-        if exc.status != 400 or "previous terminated container" not in message and "not found" not in message:
+        previous_gone = exc.status == 400 and ("previous terminated container" in message or "not found" in message)
+        if not previous_gone:
             raise
     log.info("previous log of %s/%s[%s] is gone; using the current log", namespace, pod, container)
     text = (f"The previous container's log is no longer available ({message}); "
