@@ -62,6 +62,12 @@ def _print_report(diagnosis, fmt: str) -> None:
     print(render_text(diagnosis))
 
 
+def _command_line(argv: list[str]) -> str:
+    import shlex
+
+    return " ".join(shlex.quote(word) for word in argv)
+
+
 def _actor(args: argparse.Namespace) -> str:
     return args.actor or f"terminal:{getpass.getuser()}"
 
@@ -87,6 +93,10 @@ def cmd_why(args: argparse.Namespace) -> int:
         print(f"\nWorkload: {workload.kind} {workload.namespace}/{workload.name} (container {workload.container})")
         if workload.live_patch_blocked:
             print(f"No live patch: {workload.live_patch_blocked}")
+            proposal = cluster.propose(diagnosis, evidence)  # blocked: no API write, not even a dry run
+            if proposal is not None:
+                print(proposal.workload.repository_hint or "")
+                print(proposal.manifest_diff or "")
         elif diagnosis.changes:
             print(f"To apply: vllm-oncall apply {namespace}/{pod}")
     return 0
@@ -120,8 +130,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return 1
     ref = proposal.workload
     print(f"{ref.kind} {ref.namespace}/{ref.name}, container {ref.container}: {proposal.title}")
-    print("  before: " + " ".join(proposal.command_before))
-    print("  after:  " + " ".join(proposal.command_after))
+    print("  before: " + _command_line(proposal.command_before))
+    print("  after:  " + _command_line(proposal.command_after))
     if ref.live_patch_blocked:
         print(f"\nNo live patch: {ref.live_patch_blocked}")
         if proposal.workload.repository_hint:

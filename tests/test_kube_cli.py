@@ -142,3 +142,15 @@ def test_fix_rewrites_the_manifest_in_place_keeping_comments_and_layout(tmp_path
     assert new_text == MANIFEST.replace(old_value, f'"{expected_change.after}"', 1)
     assert main(["fix", str(EXAMPLE), "--manifest", str(manifest)]) == 0  # second run: nothing to do
     assert "already as proposed" in capsys.readouterr().out
+
+
+def test_why_on_a_gitops_workload_prints_the_repository_change(kube_api, kubeconfig, crash_log, capsys):  # noqa: F811
+    crashing_deployment(kube_api, annotations={"argocd.argoproj.io/tracking-id": "llm:apps/Deployment:inference/llama"},
+                        containers=[container(command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
+                                              args=["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"])],
+                        previous_log=crash_log)
+    assert main(["why", "llama", "-n", NS, "--kubeconfig", kubeconfig]) == 0
+    out = capsys.readouterr().out
+    assert "No live patch: managed by Argo CD application llm" in out
+    assert "In the repository's manifest for Deployment inference/llama" in out and "(proposed)" in out
+    assert not [c for c in kube_api.calls if c.verb == "patch"], "why never writes, not even a dry run"
