@@ -92,7 +92,7 @@ def test_patch_has_test_ops_on_every_changed_field_and_the_resource_version(kube
     assert writes == {f"{base}/args", f"{base}/env", f"{base}/volumeMounts", "/spec/template/spec/volumes"}
     assert proposal.container_before["args"] == ["--model", "m"]
     result = cluster.apply(proposal, "U_ALICE")
-    assert result.ok and set(result.changed_fields) >= {"args", "env", "volumeMounts", "volumes"}
+    assert result.ok and result.changed_fields == ["args", "env", "volumeMounts", "volumes"]
 
 
 def test_shm_resources_env_and_startup_probe_pass_server_validation(kube_api, cluster):  # noqa: F811
@@ -232,6 +232,15 @@ def test_rollback_refuses_when_someone_edited_after_the_change(kube_api, cluster
     result = cluster.rollback(NS, "Deployment", "llama", "U_BOB")
     assert result.ok is False and result.conflict is True and "--enforce-eager" in result.message
     assert live_container(kube_api)["args"][-1] == "--enforce-eager"
+
+
+def test_workload_deleted_before_approval_is_reported(kube_api, cluster):  # noqa: F811
+    _, pod = crashing_deployment(kube_api)
+    proposal = propose(cluster, kube_api, pod)
+    kube_api.delete("Deployment", "llama", NS)
+    result = cluster.apply(proposal, "U_ALICE")
+    assert result.ok is False and "no longer exists" in result.message
+    assert cluster.rollback(NS, "Deployment", "llama", "U_BOB").ok is False
 
 
 def test_403_on_patch_names_patch_on_deployments(kube_api, cluster):  # noqa: F811

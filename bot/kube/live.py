@@ -99,7 +99,9 @@ class LiveCluster:
         ref = proposal.workload
         if ref.live_patch_blocked:
             return ApplyResult(ok=False, workload=ref, message=f"not patched live: {ref.live_patch_blocked}")
-        current = self.api.get_workload(ref.kind, ref.namespace, ref.name)
+        current = self._get_or_none(ref.kind, ref.namespace, ref.name)
+        if current is None:
+            return ApplyResult(ok=False, workload=ref, message=f"{ref.kind} {ref.namespace}/{ref.name} no longer exists")
         refused = self._refuse_if_edited(proposal, current)
         if refused:
             return refused
@@ -118,7 +120,7 @@ class LiveCluster:
         message = plan.describe_record(record)
         self._event(patched, "VllmOncallChange", f"{message} [cluster {self.name}]")
         new_ref = ref.model_copy(update={"resource_version": patched["metadata"]["resourceVersion"]})
-        return ApplyResult(ok=True, workload=new_ref, changed_fields=record["fields"],
+        return ApplyResult(ok=True, workload=new_ref, changed_fields=plan.fields_changed_by(record),
                            message=f"patched {ref.kind} {ref.namespace}/{ref.name}: {message}")
 
     def _refuse_if_edited(self, proposal: Proposal, current: dict[str, Any]) -> ApplyResult | None:
@@ -133,6 +135,14 @@ class LiveCluster:
                                    f"proposal (resourceVersion {ref.resource_version} -> "
                                    f"{current['metadata'].get('resourceVersion')}); re-diagnose.\n{what}")
 
+    def _get_or_none(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.api.get_workload(kind, namespace, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def _rebased(self, proposal: Proposal, current: dict[str, Any]) -> list[dict[str, Any]]:
         ops = plan.rebase(proposal.json_patch, current)
         assert ops is not None  # _refuse_if_edited checked it
@@ -146,7 +156,9 @@ class LiveCluster:
 
     # -- rolling back
     def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
-        current = self.api.get_workload(workload_kind, namespace, workload_name)
+        current = self._get_or_none(workload_kind, namespace, workload_name)
+        if current is None:
+            return ApplyResult(ok=False, message=f"{workload_kind} {namespace}/{workload_name} does not exist")
         container_name = next((r["container"] for r in reversed(plan.read_audit(current))), "")
         ref = WorkloadRef(kind=workload_kind, namespace=namespace, name=workload_name, container=container_name,
                           resource_version=current["metadata"].get("resourceVersion"))
@@ -164,7 +176,7 @@ class LiveCluster:
                                        f"({status_message(exc)}); try again")
         message = plan.describe_record(record)
         self._event(patched, "VllmOncallRollback", f"{message} [cluster {self.name}]")
-        return ApplyResult(ok=True, changed_fields=record["fields"],
+        return ApplyResult(ok=True, changed_fields=plan.fields_changed_by(record),
                            workload=ref.model_copy(update={"resource_version": patched["metadata"]["resourceVersion"]}),
                            message=f"rolled back {workload_kind} {namespace}/{workload_name}: {message}")
 

@@ -172,7 +172,7 @@ class LocalCluster:
         path = self._write(new)
         message = plan.describe_record(record)
         self._record_event(plan.event_for(new, reason, message))
-        return ApplyResult(ok=True, changed_fields=record["fields"],
+        return ApplyResult(ok=True, changed_fields=plan.fields_changed_by(record),
                            workload=ref.model_copy(update={"resource_version": meta["resourceVersion"]}),
                            message=f"wrote {path}: {message}")
 

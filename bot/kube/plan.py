@@ -147,6 +147,11 @@ def audit_record(action: str, proposal_id: str, actor: str, cause: str | None, c
     }
 
 
+def fields_changed_by(record: dict[str, Any]) -> list[str]:
+    """The recorded fields whose value actually changed (command/args are recorded regardless)."""
+    return [f for f in record["fields"] if record["before"].get(f) != record["after"].get(f)]
+
+
 def audit_ops(workload: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """JSON Patch ops that write the audit annotation (creating metadata.annotations if needed)."""
     text = bounded(records)
