@@ -55,6 +55,8 @@ class SlackStandIn:
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between headers and body
+
             def do_POST(self) -> None:  # noqa: N802
                 standin._handle(self)
 
