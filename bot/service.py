@@ -79,6 +79,9 @@ class ChatPort(Protocol):
 
     def group_members(self, group_id: str) -> set[str]: ...
 
+    def user_name(self, user_id: str) -> str | None:
+        """A human name for audit records, or None if unknown."""
+
 
 # ---- metrics ------------------------------------------------------------------------------
 
@@ -441,6 +444,14 @@ class OncallService:
             self._group_cache[group] = (time.monotonic(), members)
         return members
 
+    def _actor(self, user: str) -> str:
+        """Who, for the audit annotation and Event on the workload: a name and the Slack id."""
+        try:
+            name = self.chat.user_name(user)
+        except ChatUnavailable:
+            name = None
+        return f"{name} (slack:{user})" if name else f"slack:{user}"
+
     def _refuse(self, reason: str, channel: str | None, user: str, text: str) -> str:
         self.metrics.refused_clicks.labels(reason).inc()
         if channel:
@@ -489,7 +500,7 @@ class OncallService:
         self._refresh(incident, clicked)
         assert incident.proposal is not None
         try:
-            result = self.cluster.apply(incident.proposal, user)
+            result = self.cluster.apply(incident.proposal, self._actor(user))
         except Exception as exc:  # a cluster error must not leave the incident stuck in "applying"
             log.exception("apply of %s failed", name)
             result = ApplyResult(ok=False, message=f"{type(exc).__name__}: {exc}")
@@ -617,7 +628,7 @@ class OncallService:
         assert incident.proposal is not None
         workload = incident.proposal.workload
         try:
-            result = self.cluster.rollback(workload.namespace, workload.kind, workload.name, user)
+            result = self.cluster.rollback(workload.namespace, workload.kind, workload.name, self._actor(user))
         except Exception as exc:
             result = ApplyResult(ok=False, message=f"{type(exc).__name__}: {exc}")
         if result.ok:

@@ -49,6 +49,9 @@ class RecordingChat:
     def group_members(self, group_id):
         return self.groups.get(group_id, set())
 
+    def user_name(self, user_id):
+        return None
+
 
 @pytest.fixture
 def cluster():

@@ -140,7 +140,8 @@ def test_allowed_approve_applies_and_updates_in_place(bot, slack):
     incident = bot.alert()
     assert bot.click("vllm_approve", incident, APPROVER).status == 200
     assert slack.wait_for(lambda: len(slack.replies()) >= 2)  # applied + rollout report
-    assert bot.cluster.applied == [(f"p-{DEPLOY}-kv-cache-max-model-len", APPROVER)]
+    # the audit record names the approver by Slack name and id (users.info)
+    assert bot.cluster.applied == [(f"p-{DEPLOY}-kv-cache-max-model-len", "user-u0approver (slack:U0APPROVER)")]
     final = slack.delivered("chat.update")[-1]
     assert final.params["ts"] == incident.slack_ts and not has_buttons(final)
     assert "Applied by <@U0APPROVER>" in blocks_text(final)

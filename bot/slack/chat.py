@@ -132,6 +132,11 @@ class SlackChat:
         resp = self.call("usergroups.users.list", self.client.usergroups_users_list, usergroup=group_id)
         return set(resp.get("users") or [])
 
+    def user_name(self, user_id: str) -> str | None:
+        resp = self.call("users.info", self.client.users_info, user=user_id)
+        user = resp.get("user") or {}
+        return user.get("name") or user.get("real_name") or None
+
     def check(self) -> str:
         """For /readyz: Slack answers and the token is valid. Returns the bot's user id."""
         resp = self.call("auth.test", self.client.auth_test)

@@ -48,3 +48,6 @@ class TerminalChat:
 
     def group_members(self, group_id: str) -> set[str]:
         return set()
+
+    def user_name(self, user_id: str) -> str | None:
+        return "demo-approver" if user_id.startswith("U0DEMO") else None
