@@ -119,3 +119,14 @@ def test_a_missing_permission_is_reported_by_name(kube_api):  # noqa: F811
     with pytest.raises(KubeForbidden) as info:
         api.get_workload("Deployment", NS, "llama")
     assert "may not get deployments.apps in namespace inference" in str(info.value)
+
+
+def test_the_permission_table_in_deploy_readme_matches_required():
+    rows = set()
+    for line in (DEPLOY / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in ('""', "apps", "oncall.vllm.ai"):
+            group = "" if cells[0] == '""' else cells[0]
+            for resource in cells[1].split(","):
+                rows |= {(verb.strip(), group, resource.strip()) for verb in cells[2].split(",")}
+    assert rows == required_set()
