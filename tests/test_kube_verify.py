@@ -108,3 +108,17 @@ def test_no_new_pod_times_out(kube_api, cluster):  # noqa: F811
 ])
 def test_kv_figures_across_vllm_versions(text, kv, conc):
     assert kv_figures(text) == (kv, conc)
+
+
+def test_timeout_says_why_the_new_pod_is_not_running(kube_api, cluster):  # noqa: F811
+    """A GPU limit raised beyond what any node has: the new pod stays Pending, and the message says so."""
+    _, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "32768"])])
+    kube_api.on_write = rollout_controller("starting")
+    workload = apply_max_len(cluster, pod)
+    new = next(p for p in kube_api.list("Pod", NS) if p["metadata"]["name"].endswith("-newpd"))
+    kube_api.edit("Pod", new["metadata"]["name"], NS, lambda p: p.update(status={
+        "phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}))
+    verification = cluster.verify(workload, timeout_seconds=0)
+    assert verification.outcome == "timeout"
+    assert "not scheduled: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu." in verification.message

@@ -63,6 +63,19 @@ def pod_state(pod: dict[str, Any], container: str) -> str:
     return "pending"
 
 
+def why_not_ready(pod: dict[str, Any], container: str) -> str:
+    """What a pending pod waits for: unschedulable (e.g. not enough nvidia.com/gpu), image pull, loading."""
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"not scheduled: {cond.get('message') or cond.get('reason')}"
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if cs.get("name") == container and waiting:
+            return f"waiting: {waiting.get('reason')}"
+    return f"{status.get('phase', 'Pending')}, not Ready yet"
+
+
 def new_pods(api: KubeApi, workload: dict[str, Any], container: str) -> list[dict[str, Any]]:
     namespace = workload["metadata"]["namespace"]
     want = ch.fields_of(ch.pod_spec_of(workload), container)
@@ -123,7 +136,8 @@ def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, poll_
                 return Verification(outcome="crashed", pod=name, diagnosis=result,
                                     message=f"new pod {name}{where} crashed again: {result.title}")
         if clock() >= deadline:
-            seen = ", ".join(p["metadata"]["name"] for p in pods) or "no new pod yet"
+            seen = ", ".join(f"{p['metadata']['name']}: {why_not_ready(p, ref.container)}" for p in pods) \
+                or "no new pod yet"
             return Verification(outcome="timeout", message=f"{ref.kind} {ref.name}: neither Ready nor crashed "
                                 f"after {timeout_seconds:g}s ({seen}); vLLM can take many minutes to load")
         sleep(poll_seconds)
