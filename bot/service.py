@@ -172,6 +172,12 @@ class OncallService:
             log.warning("alert for a pod that is gone: %s", exc)
             self.metrics.alerts_skipped.labels("pod_not_found").inc()
             return None
+        except Exception:
+            # e.g. a 403 (the bot's RBAC) or the API still failing after retries: say so, count
+            # it; Alertmanager's next repeat tries again.
+            log.exception("could not collect evidence for %s/%s", target.namespace, target.pod)
+            self.metrics.alerts_skipped.labels("collect_failed").inc()
+            return None
         return self._open_or_update(target, evidence, channel=None)
 
     def _open_or_update(self, target: AlertTarget, evidence: Evidence, channel: str | None,
@@ -279,9 +285,11 @@ class OncallService:
                 return inc.model_copy(update={"state": "resolved", "last_seen": now, "history": _bounded(
                     inc.history + [f"{iso(now)} resolved (alert for pod {target.pod} resolved; was {inc.state})"])})
 
-            resolved = self._mutate(incident.name, mark) or resolved
-            if resolved is not None and resolved.slack_ts:
-                self._refresh(resolved)
+            updated = self._mutate(incident.name, mark)
+            if updated is not None and updated.state == "resolved":
+                resolved = updated
+                if updated.slack_ts:
+                    self._refresh(updated)
         if resolved is None:
             self.metrics.alerts_skipped.labels("resolved_without_incident").inc()
         return resolved
@@ -387,6 +395,11 @@ class OncallService:
             self.chat.tell_user(channel, user, f"No pod, Deployment or StatefulSet named {namespace}/{name} "
                                                f"in cluster {self.cluster.name}.{close}")
             return None
+        except Exception as exc:  # a 403 names the missing permission: worth showing as is
+            log.exception("/vllm why %s failed", query)
+            self.chat.tell_user(channel, user, f"Could not read {namespace}/{name} in cluster "
+                                               f"{self.cluster.name}: {exc}")
+            return None
         diagnosis = self._diagnose(evidence)
         workload = self.cluster.workload_for(evidence)
         key = incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause)
@@ -398,7 +411,10 @@ class OncallService:
                 and existing.proposal.expires_at > self.clock())
         if live or existing.state in ("applying", "approved"):
             # Same incident, same proposal: show it here too; a click on either message acts once.
-            self.chat.post_incident(existing, channel)
+            try:
+                self.chat.post_incident(existing, channel)
+            except ChatUnavailable as exc:
+                log.warning("could not answer /vllm why in %s: %s", channel, exc)
             return existing
         proposal = self._propose(diagnosis, evidence)
 

@@ -305,3 +305,22 @@ def test_an_unrelated_write_does_not_refuse_the_click(cluster, chat, tmp_path):
     store.interfere = True
     assert svc.approve(incident.name, APPROVER) == "applied"
     assert store.get(incident.name).alert_count == 2 and len(cluster.applied) == 1
+
+
+def test_why_on_an_open_incident_shows_the_same_proposal_and_a_click_updates_both(service, chat):
+    incident = service.handle_alert(alert())
+    service.answer_why(f"{NS}/{POD_A}", "C0HERE", "U0ASKER")
+    assert chat.posts == [(incident.name, "C0ALERTS"), (incident.name, "C0HERE")]
+    copy = MessageRef(channel="C0HERE", ts="2.0001")
+    assert service.approve(incident.name, APPROVER, copy) == "applied"
+    assert {u[2].channel for u in chat.updates if u[1] == "applied"} == {"C0ALERTS", "C0HERE"}
+    assert all(thread == copy for thread, _ in chat.replies)  # the thread of the message clicked
+
+
+def test_collect_errors_are_counted_not_raised(service, cluster):
+    def forbidden(*args, **kwargs):
+        raise PermissionError("pods/log is forbidden for the bot's service account")
+
+    cluster.collect = forbidden
+    assert service.handle_alert(alert()) is None
+    assert service.metrics.alerts_skipped.labels("collect_failed")._value.get() == 1
