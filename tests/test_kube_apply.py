@@ -345,3 +345,28 @@ def test_no_change_means_no_proposal(kube_api, cluster):  # noqa: F811
     evidence = cluster.collect(NS, pod["metadata"]["name"])
     assert cluster.propose(diagnosis(MAX_LEN), evidence) is None  # already so
     assert cluster.propose(DiagnosisResult(cause=None, title="unknown", explanation=""), evidence) is None
+
+
+def test_rollback_tolerates_server_defaults_but_not_an_added_env_var(kube_api, cluster):  # noqa: F811
+    _, pod = crashing_deployment(kube_api, containers=[container(
+        args=["--model", "m"], livenessProbe={"httpGet": {"path": "/health", "port": 8000}})])
+    probe = json.dumps({"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 10, "failureThreshold": 60})
+    assert cluster.apply(propose(cluster, kube_api, pod, Change(kind="probe", name="startupProbe", after=probe),
+                                 Change(kind="env", name="VLLM_LOGGING_LEVEL", after="DEBUG")), "U_ALICE").ok
+
+    def api_server_defaults(obj):  # what a real apiserver adds to a probe it stores
+        c = obj["spec"]["template"]["spec"]["containers"][0]
+        c["startupProbe"].update(timeoutSeconds=1, successThreshold=1)
+        c["startupProbe"]["httpGet"]["scheme"] = "HTTP"
+
+    kube_api.edit("Deployment", "llama", NS, api_server_defaults)
+    kube_api.edit("Deployment", "llama", NS, lambda o: o["spec"]["template"]["spec"]["containers"][0]["env"]
+                  .append({"name": "HF_TOKEN_PATH", "value": "/secrets/hf"}))
+    refused = cluster.rollback(NS, "Deployment", "llama", "U_BOB")
+    assert refused.conflict is True and "HF_TOKEN_PATH" in refused.message
+
+    kube_api.edit("Deployment", "llama", NS, lambda o: o["spec"]["template"]["spec"]["containers"][0]["env"].pop())
+    result = cluster.rollback(NS, "Deployment", "llama", "U_BOB")
+    assert result.ok, result.message
+    c = live_container(kube_api)
+    assert "startupProbe" not in c and "env" not in c

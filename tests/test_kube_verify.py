@@ -122,3 +122,40 @@ def test_timeout_says_why_the_new_pod_is_not_running(kube_api, cluster):  # noqa
     verification = cluster.verify(workload, timeout_seconds=0)
     assert verification.outcome == "timeout"
     assert "not scheduled: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu." in verification.message
+
+
+def test_statefulset_rollout_is_followed_by_update_revision(kube_api, cluster):  # noqa: F811
+    from kubeapi.objects import deployment, start_pod
+
+    sts = deployment("qwen", [container(args=["--model", "q", "--max-model-len", "32768"])], NS)
+    sts["kind"], sts["spec"]["serviceName"] = "StatefulSet", "qwen"
+    sts = kube_api.put(sts)
+    old = start_pod(kube_api, sts, "crashloop", previous_log="boom\n", suffix="0")
+    kube_api.edit("Pod", old["metadata"]["name"], NS, lambda p: p["metadata"]["labels"].update(
+        {"controller-revision-hash": "qwen-rev1"}))
+    workload = apply_max_len(cluster, old)
+    # The StatefulSet controller re-creates pod 0 from the new revision; a webhook adds an env var to it.
+    kube_api.delete("Pod", old["metadata"]["name"], NS)
+    new = start_pod(kube_api, kube_api.get("StatefulSet", "qwen", NS), "ready", log=READY_LOG, suffix="0")
+    kube_api.edit("Pod", new["metadata"]["name"], NS, lambda p: (
+        p["metadata"]["labels"].update({"controller-revision-hash": "qwen-rev2"}),
+        p["spec"]["containers"][0].setdefault("env", []).append({"name": "AWS_ROLE_ARN", "value": "arn:x"})))
+    kube_api.edit("StatefulSet", "qwen", NS, lambda o: o.setdefault("status", {}).update(
+        {"updateRevision": "qwen-rev2", "currentRevision": "qwen-rev1"}))
+
+    verification = cluster.verify(workload, timeout_seconds=5)
+
+    assert verification.outcome == "ready" and verification.pod == "qwen-0"
+    assert verification.kv_cache_line.startswith("GPU KV cache size: 86,432 tokens")
+
+
+@pytest.mark.parametrize("actual, expected, ok", [
+    ({"args": ["a"], "env": [{"name": "A", "value": "1"}, {"name": "INJECTED", "value": "x"}]},
+     {"args": ["a"], "env": [{"name": "A", "value": "1"}]}, True),  # a webhook's extra env var is fine
+    ({"args": ["a", "b"]}, {"args": ["a"]}, False),  # different command line: not the new template
+    ({"resources": {"limits": {"memory": "48Gi"}}}, {"resources": {"limits": {"memory": "32Gi"}}}, False),
+])
+def test_pod_contains_the_template_fields(actual, expected, ok):
+    from bot.kube.verify import contains
+
+    assert contains(actual, expected) is ok

@@ -172,6 +172,19 @@ def change_ops(proposal: Proposal, current: dict[str, Any], actor: str) -> tuple
     return audit_ops(current, read_audit(current) + [record]), record
 
 
+def matches_recorded(actual: Any, recorded: Any) -> bool:
+    """`actual` is what we recorded, give or take the fields the API server defaults on write
+    (a probe's timeoutSeconds/successThreshold, httpGet.scheme): mappings may have extra keys;
+    lists must have the same items in the same order (an added env var or arg is an edit)."""
+    if isinstance(recorded, dict):
+        return isinstance(actual, dict) and all(k in actual and matches_recorded(actual[k], v)
+                                                for k, v in recorded.items())
+    if isinstance(recorded, list):
+        return (isinstance(actual, list) and len(actual) == len(recorded)
+                and all(matches_recorded(a, r) for a, r in zip(actual, recorded)))
+    return actual == recorded or (actual is not None and recorded is not None and str(actual) == str(recorded))
+
+
 class RollbackRefused(Exception):
     """No change to roll back, or the workload was edited since that change (a conflict)."""
 
@@ -191,7 +204,8 @@ def rollback_ops(current: dict[str, Any], actor: str) -> tuple[list[dict[str, An
     container = target["container"]
     pod_spec = ch.pod_spec_of(current)
     now_fields = ch.fields_of(pod_spec, container)
-    drifted = {f: now_fields.get(f) for f in target["fields"] if now_fields.get(f) != target["after"].get(f)}
+    drifted = {f: now_fields.get(f) for f in target["fields"]
+               if not matches_recorded(now_fields.get(f), target["after"].get(f))}
     if drifted:
         expected = {f: target["after"].get(f) for f in drifted}
         raise RollbackRefused("the workload was edited after change " + target["id"] + "; refusing to overwrite:\n"

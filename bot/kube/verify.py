@@ -1,9 +1,9 @@
 """Follow a rollout after a change: a new pod Ready (report vLLM's own KV-cache figures) or a new crash
 (diagnose it again). Polling, not watches: simple, and the poll interval is configurable.
 
-"New pods" are the workload's pods whose target container matches the workload's current
-template (command, args, env, resources, mounts, probes): the Deployment controller copies the
-template into the new ReplicaSet, the StatefulSet controller into each re-created pod.
+"New pods" are the pods of the workload's current template: for a Deployment, the pods of the
+ReplicaSet whose template is the Deployment's (what `kubectl rollout status` follows); for a
+StatefulSet, the pods of its update revision.
 """
 
 from __future__ import annotations
@@ -76,35 +76,64 @@ def why_not_ready(pod: dict[str, Any], container: str) -> str:
     return f"{status.get('phase', 'Pending')}, not Ready yet"
 
 
-def new_pods(api: KubeApi, workload: dict[str, Any], container: str) -> list[dict[str, Any]]:
-    namespace = workload["metadata"]["namespace"]
-    want = ch.fields_of(ch.pod_spec_of(workload), container)
-    want.pop("volumes", None)
-    pods = api.list_pods(namespace, label_selector=selector_string(workload))
-    out = []
-    for p in pods:
-        if (p.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        try:
-            have = ch.fields_of(p.get("spec") or {}, container)
-        except ch.ChangeError:
-            continue
-        have.pop("volumes", None)
-        if have == want:
-            out.append(p)
-    return sorted(out, key=age_key, reverse=True)
-
-
-def newest_replicaset(api: KubeApi, workload: dict[str, Any]) -> str | None:
-    """The ReplicaSet carrying the Deployment's current template (for the message)."""
-    if workload.get("kind") != "Deployment":
-        return None
+def current_replicaset(api: KubeApi, workload: dict[str, Any]) -> dict[str, Any] | None:
+    """The Deployment's ReplicaSet whose pod template is the Deployment's current one (what
+    `kubectl rollout status` follows). None until the controller has created it."""
     template = ch.pod_spec_of(workload)
+    uid = workload["metadata"].get("uid")
     for rs in api.list_replicasets(workload["metadata"]["namespace"], selector_string(workload)):
         owners = (rs.get("metadata") or {}).get("ownerReferences") or []
-        if any(o.get("uid") == workload["metadata"].get("uid") for o in owners) and ch.pod_spec_of(rs) == template:
-            return rs["metadata"]["name"]
+        if any(o.get("uid") == uid for o in owners) and ch.pod_spec_of(rs) == template:
+            return rs
     return None
+
+
+def new_pods(api: KubeApi, workload: dict[str, Any], container: str) -> tuple[list[dict[str, Any]], str | None]:
+    """(the pods of the workload's current template, newest first; the ReplicaSet's name).
+
+    Deployment: the pods owned by the ReplicaSet of the current template. StatefulSet: the pods of
+    status.updateRevision, else those whose container has every field of the template's (pods may
+    carry more: admission webhooks and LimitRanges add env, mounts and resources to pods)."""
+    namespace = workload["metadata"]["namespace"]
+    pods = [p for p in api.list_pods(namespace, label_selector=selector_string(workload))
+            if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    replicaset_name = None
+    if workload.get("kind") == "Deployment":
+        rs = current_replicaset(api, workload)
+        if rs is None:
+            return [], None
+        replicaset_name, uid = rs["metadata"]["name"], rs["metadata"].get("uid")
+        chosen = [p for p in pods if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])]
+    else:
+        revision = (workload.get("status") or {}).get("updateRevision")
+        if revision:
+            chosen = [p for p in pods if (p["metadata"].get("labels") or {}).get("controller-revision-hash") == revision]
+        else:
+            want = ch.fields_of(ch.pod_spec_of(workload), container)
+            want.pop("volumes", None)
+            chosen = []
+            for p in pods:
+                try:
+                    have = ch.fields_of(p.get("spec") or {}, container)
+                except ch.ChangeError:
+                    continue
+                if contains(have, want):
+                    chosen.append(p)
+    return sorted(chosen, key=age_key, reverse=True), replicaset_name
+
+
+def contains(actual: Any, expected: Any) -> bool:
+    """Every field of `expected` is in `actual` (which may have more); lists of named items match by name."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(k in actual and contains(actual[k], v) for k, v in expected.items())
+    if isinstance(expected, list):
+        if not isinstance(actual, list):
+            return False
+        if all(isinstance(e, dict) and "name" in e for e in expected):
+            by_name = {a.get("name"): a for a in actual if isinstance(a, dict)}
+            return all(e["name"] in by_name and contains(by_name[e["name"]], e) for e in expected)
+        return len(actual) == len(expected) and all(contains(a, e) for a, e in zip(actual, expected))
+    return actual == expected or (actual is not None and str(actual) == str(expected))
 
 
 def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, poll_seconds: float = 5.0,
@@ -113,11 +142,9 @@ def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, poll_
     if ref.kind not in ("Deployment", "StatefulSet"):
         return Verification(outcome="unknown", message=f"{ref.kind} {ref.name}: no rollout to follow")
     deadline = clock() + timeout_seconds
-    replicaset = None
     while True:
         workload = api.get_workload(ref.kind, ref.namespace, ref.name)
-        replicaset = replicaset or newest_replicaset(api, workload)
-        pods = new_pods(api, workload, ref.container)
+        pods, replicaset = new_pods(api, workload, ref.container)
         where = f" (ReplicaSet {replicaset})" if replicaset else ""
         for pod in pods:
             state = pod_state(pod, ref.container)
