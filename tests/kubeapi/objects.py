@@ -57,12 +57,6 @@ def template_hash(pod_spec: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:10]
 
 
-CRASHLOOP_STATUS = {
-    "phase": "Running",
-    "conditions": [{"type": "Ready", "status": "False"}],
-}
-
-
 def pod_status(container_name: str, state: str, restarts: int = 0) -> dict[str, Any]:
     """state: crashloop | ready | starting."""
     cs: dict[str, Any] = {"name": container_name, "restartCount": restarts, "ready": state == "ready",
