@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import time
 import urllib.error
 from typing import Any, Callable
 
@@ -71,13 +72,14 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 class SlackChat:
     def __init__(self, client: WebClient, default_channel: str, metrics: Metrics | None = None,
                  max_attempts: int = 5, max_retry_after_seconds: float = 60,
-                 backoff_seconds: float = 0.5):
+                 backoff_seconds: float = 0.5, sleep: Callable[[float], None] = time.sleep):
         self.client = client
         self.default_channel = default_channel
         self.metrics = metrics or Metrics()
         self.max_attempts = max_attempts
         self.max_retry_after_seconds = max_retry_after_seconds
         self.backoff_seconds = backoff_seconds
+        self.sleep = sleep  # injectable so a test can see the waits without waiting
 
     # ---- the one place every Web API call goes through ----------------------------------
 
@@ -98,7 +100,7 @@ class SlackChat:
 
         retrying = Retrying(stop=stop_after_attempt(self.max_attempts), wait=wait,
                             retry=retry_if_exception(lambda e: retry_reason(method, e) is not None),
-                            before_sleep=before_sleep, reraise=True)
+                            before_sleep=before_sleep, sleep=self.sleep, reraise=True)
         try:
             return retrying(fn, **kwargs)
         except (SlackApiError, OSError) as exc:
