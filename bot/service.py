@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 POST_LEASE = timedelta(seconds=60)  # how long one replica may hold the right to post an incident
 HISTORY_LIMIT = 60  # entries kept on the incident object (bounded object size)
+POD_LIMIT = 20  # pod names kept per incident: crash-looping pods get replaced over days
 OPEN_STATES = ("proposed", "diagnosed")
 
 
@@ -199,7 +200,7 @@ class OncallService:
                     self.metrics.proposals.inc()
                 log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
                 return self._ensure_posted(name, received_at=target.received_at, lease=lease)
-        return self._record_repeat(name, target.pod, diagnosis)
+        return self._record_repeat(name, target.pod, diagnosis, evidence)
 
     def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
                       workload: WorkloadRef, channel: str | None, lease: str) -> Incident:
@@ -244,20 +245,31 @@ class OncallService:
                 pod.container.restart_count if pod.container else None),
         })
 
-    def _record_repeat(self, name: str, pod: str, diagnosis: DiagnosisResult) -> Incident | None:
+    def _record_repeat(self, name: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence
+                       ) -> Incident | None:
         self.metrics.repeats.inc()
         reopened = False
+        current = self.store.get(name)
+        fresh: Proposal | None = None
+        if current is not None and current.state == "resolved" and not (
+                current.proposal and current.proposal.expires_at > self.clock()):
+            fresh = self._propose(diagnosis, evidence)  # crashing again, the old proposal is stale
 
         def fold(incident: Incident) -> Incident:
             nonlocal reopened
             now = self.clock()
             update: dict = {"last_seen": now, "alert_count": incident.alert_count + 1,
-                            "pods": incident.pods + ([pod] if pod not in incident.pods else []),
+                            "pods": (incident.pods + ([pod] if pod not in incident.pods else []))[-POD_LIMIT:],
                             "restarts": max(incident.restarts or 0, diagnosis.restarts or 0)}
             reopened = incident.state == "resolved"
             if reopened:
-                still_valid = incident.proposal and incident.proposal.expires_at > now
-                update["state"] = "proposed" if still_valid and _offers_button(incident.proposal) else "diagnosed"
+                proposal = incident.proposal
+                if not (proposal and proposal.expires_at > now):
+                    proposal = fresh
+                update["proposal"] = proposal
+                update["diagnosis"] = diagnosis if proposal is fresh else incident.diagnosis
+                update["state"] = "proposed" if _offers_button(proposal) else "diagnosed"
+                update["approver"], update["decided_at"] = None, None
                 update["history"] = _bounded(incident.history + [f"{iso(now)} firing again (pod {pod})"])
             return incident.model_copy(update=update)
 

@@ -324,3 +324,13 @@ def test_collect_errors_are_counted_not_raised(service, cluster):
     cluster.collect = forbidden
     assert service.handle_alert(alert()) is None
     assert service.metrics.alerts_skipped.labels("collect_failed")._value.get() == 1
+
+
+def test_crashing_again_after_resolved_with_an_expired_proposal_gets_a_fresh_one(cluster, chat, tmp_path):
+    svc = make_service(cluster, chat, tmp_path, proposal_ttl=timedelta(seconds=-1))
+    incident = svc.handle_alert(alert())
+    svc.handle_alert(alert(firing=False))
+    svc.policy.proposal_ttl = timedelta(hours=1)  # the operator raised the TTL meanwhile
+    again = svc.handle_alert(alert())
+    assert again.state == "proposed" and again.proposal.expires_at > incident.proposal.expires_at
+    assert len(chat.posts) == 1 and "Crash-looping again" in chat.replies[-1][1].text
