@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import tempfile
 from datetime import timedelta
@@ -116,9 +117,13 @@ def run_serve(args: argparse.Namespace) -> int:
         return 0
     server, socket_handler = build_server(settings)
     logging.getLogger(__name__).info("starting: %s", summary)
+    # Kubernetes stops pods with SIGTERM: finish cleanly (the incidents are in the store anyway).
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     if socket_handler is not None:
         socket_handler.connect()  # returns at once; events arrive on its own threads
     server.serve_forever()
+    if socket_handler is not None:
+        socket_handler.close()
     return 0
 
 

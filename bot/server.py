@@ -206,6 +206,10 @@ class Readiness:
             self.run_once()
             self._stop.wait(self.interval)
 
+    def request_stop(self) -> None:
+        """From a signal handler: serve_forever() returns and shuts down cleanly."""
+        self._stop.set()
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -256,6 +260,10 @@ class BotServer:
             pass
         finally:
             self.stop()
+
+    def request_stop(self) -> None:
+        """From a signal handler: serve_forever() returns and shuts down cleanly."""
+        self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()

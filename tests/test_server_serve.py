@@ -72,6 +72,8 @@ def test_serve_process_takes_an_alert_to_slack(slack, tmp_path):
         assert slack.delivered("auth.test"), "readiness asked Slack"
         status, metrics = get(base + "/metrics")
         assert status == 200 and "vllm_oncall_incidents_posted_total 1.0" in metrics
+        proc.terminate()  # SIGTERM, as Kubernetes sends it
+        assert proc.wait(15) == 0
     finally:
         proc.terminate()
         try:
