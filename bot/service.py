@@ -48,7 +48,14 @@ def iso(t: datetime) -> str:
 
 
 class ChatUnavailable(Exception):
-    """The chat could not be reached after retries; the incident stays in the store unposted."""
+    """The chat could not be reached after retries; the incident stays in the store unposted.
+
+    channel_refused: the chat answered but will never accept a post to that channel (not a
+    member, archived, no such channel), so retrying the same channel is pointless."""
+
+    def __init__(self, message: str, channel_refused: bool = False):
+        super().__init__(message)
+        self.channel_refused = channel_refused
 
 
 class MessageRef(BaseModel):
@@ -346,10 +353,14 @@ class OncallService:
             message = self.chat.post_incident(incident, incident.slack_channel)
         except ChatUnavailable as exc:
             log.warning("could not post incident %s, will retry: %s", name, exc)
-            self._mutate(name, lambda inc: inc.model_copy(update={"history": _bounded(
-                inc.history + [f"{iso(self.clock())} post failed: {str(exc)[:120]}",
+            # A channel that refuses the bot (e.g. `/vllm why` typed where it is not a member)
+            # never will accept it: fall back to the alert channel instead of retrying forever.
+            fallback = {"slack_channel": None} if exc.channel_refused and incident.slack_channel else {}
+            self._mutate(name, lambda inc: inc.model_copy(update={**fallback, "history": _bounded(
+                inc.history + [f"{iso(self.clock())} post failed: {str(exc)[:120]}"
+                               + ("; using the alert channel" if fallback else ""),
                                f"{iso(self.clock())} post-lease released"])}))
-            return self.store.get(name)
+            return self._ensure_posted(name, received_at) if fallback else self.store.get(name)
         if received_at is not None:
             self.metrics.alert_to_post.observe(time.monotonic() - received_at)
         self.metrics.incidents_posted.inc()

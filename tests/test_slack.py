@@ -262,3 +262,11 @@ def test_signed_requests_over_http(bot, slack):
         assert err.value.code == 401
     finally:
         server.stop()
+
+
+def test_why_in_a_channel_the_bot_is_not_in_falls_back_to_the_alert_channel(bot, slack):
+    slack.fail_next("chat.postMessage", status=200, error="not_in_channel", retry_after=None)
+    bot.dispatch(command_body(f"why {NS}/{DEPLOY}", channel="C0NOTMEMBER"))
+    assert slack.wait_for(lambda: len(slack.posts()) == 1)
+    assert slack.posts()[0].params["channel"] == CHANNEL
+    assert bot.service.store.list()[0].slack_channel == CHANNEL

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # Methods whose repetition does no harm: same result, no duplicate message.
 IDEMPOTENT = {"chat.update", "users.info", "usergroups.users.list", "auth.test", "chat.postEphemeral"}
 SERVER_ERRORS = {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+CHANNEL_REFUSED = {"channel_not_found", "not_in_channel", "is_archived", "restricted_action"}
 SLACK_API_URL = "https://slack.com/api/"
 
 
@@ -107,7 +108,7 @@ class SlackChat:
             self.metrics.slack_failures.labels(method).inc()
             detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc
             log.error("Slack %s failed for good: %s", method, detail)
-            raise ChatUnavailable(f"{method}: {detail}") from exc
+            raise ChatUnavailable(f"{method}: {detail}", channel_refused=detail in CHANNEL_REFUSED) from exc
 
     # ---- ChatPort ---------------------------------------------------------------------
 

@@ -24,11 +24,8 @@ class Call:
     params: dict[str, Any]
     headers: dict[str, str]
     status: int
+    ok: bool  # what Slack answered: HTTP 200 and "ok": true
     at: float = field(default_factory=time.monotonic)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200
 
 
 @dataclass
@@ -86,7 +83,7 @@ class SlackStandIn:
             self._faults.setdefault(method, []).append(Fault(status, error, retry_after, times))
 
     def delivered(self, method: str) -> list[Call]:
-        """Calls of `method` that Slack accepted (HTTP 200, ok=true)."""
+        """Calls of `method` that Slack accepted (HTTP 200 and ok: true)."""
         with self._lock:
             return [c for c in self.calls if c.method == method and c.ok]
 
@@ -128,7 +125,8 @@ class SlackStandIn:
                 params[key] = json.loads(params[key])
         status, body, headers = self._answer(method, params, req.headers.get("Authorization", ""))
         with self._lock:
-            self.calls.append(Call(method, params, dict(req.headers.items()), status))
+            self.calls.append(Call(method, params, dict(req.headers.items()), status,
+                                   ok=status == 200 and bool(body.get("ok"))))
         data = json.dumps(body).encode()
         req.send_response(status)
         req.send_header("Content-Type", "application/json; charset=utf-8")
