@@ -24,8 +24,6 @@ import json
 import logging
 import statistics
 import sys
-import tempfile
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
