@@ -144,6 +144,9 @@ class AlertIntake:
             return 400, {"error": f"not an Alertmanager webhook payload: {one_line(exc)}"}
         if payload.version != "4":
             log.warning("Alertmanager webhook version %s (expected 4); reading it as 4", payload.version)
+        if payload.truncatedAlerts:
+            log.warning("Alertmanager left out %d alert(s) of group %s (its max_alerts); they arrive with "
+                        "the next notification", payload.truncatedAlerts, payload.groupKey)
         jobs, skipped = [], []
         for index, raw in enumerate(payload.alerts):
             target, reason = self._target(raw, received_at)
