@@ -166,16 +166,17 @@ rx("world_size", ("World size (",), r"World size \((\d+)\) is larger than the nu
 rx("tp_local", ("max local gpu count",), r"please (?:set tensor_parallel_size \((\d+)\) to less than|ensure that world_size \((\d+)\) is less than than) max local gpu count \((\d+)\)")
 rx("ray_pg", ("placement group",), r"number of required GPUs exceeds the total number of available GPUs|Waiting for creating a placement group of specs|Cannot provide a placement group")
 rx("heads_tp", ("must be divisible by tensor parallel size",), r"Total number of attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)")
-rx("shm_segment", ("shared memory", "/dev/shm", "shm_open"),
+rx("shm_segment", ("shared memory", "/dev/shm", "shm_open", "posix_fallocate", "</torch_"),
    r"Error while creating shared memory segment\s*(/dev/shm\S*)?(?: \(size (\d+)\))?"
    r"|(?:unable to|failed to|cannot|could not|Unable to|Failed to|Cannot|Could not) (?:create|allocate|open|map|mmap)[^\n]{0,60}(?:shared memory|/dev/shm|shm_open)"
-   r"|/dev/shm[^\n]{0,80}No space left on device|No space left on device[^\n]{0,80}/dev/shm")
+   r"|/dev/shm[^\n]{0,80}No space left on device|No space left on device[^\n]{0,80}/dev/shm"
+   r"|failed to extend /dev/shm|posix_fallocate failed|unable to write to file </torch_")
 rx("shm_insufficient", ("Insufficient space in",), r"Insufficient space in (\S+?)(?: for [^:]+)?: (\d+) MiB required, (\d+) MiB free")
 rx("bus_error", ("Bus error", "SIGBUS", "signal 7"), r"Bus error|SIGBUS|signal 7\b")
 # NCCL's "system error" is what a full /dev/shm produces; network or CUDA errors are other causes
 rx("nccl_error", ("ncclSystemError", "unhandled system error"), r"ncclSystemError|unhandled system error")
-rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "Out of memory: Killed", "oom-kill", "OOMKilled", "MemoryError"),
-   r"OOM killer|killed by SIGKILL|exceeds the memory usage threshold|Ray killed this worker|Out of memory: Killed process|oom-kill|OOMKilled|(?<![\w])MemoryError")
+rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "of memory: Killed", "oom-kill", "OOMKilled", "MemoryError"),
+   r"OOM killer|killed by SIGKILL|exceeds the memory usage threshold|Ray killed this worker|[Oo]ut of memory: Killed process|oom-kill|OOMKilled|(?<![\w])MemoryError")
 rx("sigterm", ("KeyboardInterrupt", "SIGTERM", "signal 15", "Terminated"), r"KeyboardInterrupt: terminated|Received SIGTERM|signal 15|SIGTERM|^Terminated\b")
 rx("weights_progress", ("checkpoint shards:",), r"Loading (?:safetensors|pt|bin) checkpoint shards:\s+(\d+)%")
 rx("weights_start", ("Starting to load model", "Loading weights with", "Loading model from", "checkpoint shards", "Loading model weights"),
@@ -206,6 +207,8 @@ FRAME_STAGES = {
     "raise_if_cache_size_invalid": "kv_sizing", "check_enough_kv_cache_memory": "kv_sizing",
     "get_kv_cache_config": "kv_sizing", "get_kv_cache_configs": "kv_sizing",
     "load_model": "weights", "load_weights": "weights", "_initialize_model": "weights",
+    "process_weights_after_loading": "weights", "_process_weights_after_loading": "weights",
+    "create_weights": "weights", "initialize_model": "weights",
     "make_layers": "weights", "get_model": "weights", "weight_loader": "weights",
     "init_device": "nccl_init", "init_distributed_environment": "nccl_init",
     "initialize_model_parallel": "nccl_init", "ensure_model_parallel_initialized": "nccl_init",
@@ -374,6 +377,8 @@ def _handle(state: _State, name: str, m: re.Match[str], line: str, n: int) -> No
     elif name == "frame":
         path, func = g
         stage = FRAME_STAGES.get(func) if ("vllm" in path or "torch" in path) else None
+        if path.endswith("cuda/graphs.py"):
+            stage = "graph_capture"
         if stage is None and func == "__init__" and MODEL_FILE_HINT.search(path):
             stage = "weights"
         if stage:
@@ -510,7 +515,12 @@ def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
             if seen >= REPEATS_PARSED and len(shapes) < 100_000:
                 continue
             for text in _clean(raw):
-                _parse_line(state, text, line_no + 1)
+                missed = _parse_line(state, text, line_no + 1)
+                if missed and end != -1:
+                    # a message wrapped over lines (a terminal or a paste): retry with what follows
+                    following = block[end + 1 : end + 1 + 2048].split(b"\n", 2)[:2]
+                    joined = " ".join([text] + [_clean(f)[-1] if _clean(f) else "" for f in following])
+                    _parse_line(state, re.sub(r"\s+", " ", joined), line_no + 1, only=missed)
                 (hits if len(hits) < MAX_STORED_HITS else late_hits).append((line_no + 1, text.strip()))
         line_base += block.count(b"\n")
         # tail: the last lines of the stream (this block's end is enough: TAIL_LINES << chunk)
@@ -583,14 +593,26 @@ _PARSERS_BY_GATE = {g: [i for i, (_, _, gates) in enumerate(_RX) if g in gates] 
 _GATE_AUTOMATON = ahocorasick_rs.AhoCorasick(_ALL_GATES) if ahocorasick_rs else None
 
 
-def _parse_line(state: _State, line: str, n: int) -> None:
-    if _GATE_AUTOMATON is not None:
+# messages long enough to be wrapped by a terminal or an issue paste
+WRAPPABLE = {"v0_maxlen", "v1_maxlen", "free_check", "torch_oom_20", "torch_oom_21", "torch_oom_alloc",
+             "world_size", "tp_local", "sampler", "v0_profile_total", "v0_profile_parts", "shm_insufficient"}
+
+
+def _parse_line(state: _State, line: str, n: int, only: set[int] | None = None) -> set[int]:
+    """Run the parsers whose gates the line holds; return the wrappable ones that did not match."""
+    if only is not None:
+        todo = sorted(only)
+    elif _GATE_AUTOMATON is not None:
         gates = _GATE_AUTOMATON.find_matches_as_strings(line, overlapping=True)
         todo = sorted({i for g in gates for i in _PARSERS_BY_GATE[g]})
     else:
         todo = [i for i, (_, _, gates) in enumerate(_RX) if any(g in line for g in gates)]
+    missed: set[int] = set()
     for i in todo:  # in _RX order: a line's OOM total comes before its process list
         name, pattern, _ = _RX[i]
         m = pattern.search(line)
         if m:
             _handle(state, name, m, line, n)
+        elif name in WRAPPABLE and only is None:
+            missed.add(i)
+    return missed

@@ -166,3 +166,33 @@ def test_a_crash_after_a_long_noisy_run_is_found(tmp_path):
     assert facts.get("weights_gib") == 14.99
     assert facts.line_count == 60_002
     assert any("No available memory" in line for _, line in facts.hit_lines)
+
+
+def test_messages_wrapped_over_lines_are_joined():
+    log = ("ValueError: To serve at least one request with the models's max seq len (221000), (10.12 GiB KV cache is\n"
+           "needed, which is larger than the available KV cache memory (5.59 GiB). Based on the available memory, the\n"
+           "estimated maximum model length is 122080. Try increasing `gpu_memory_utilization`\n")
+    facts = facts_of(log)
+    assert facts.get("required_len") == 221000
+    assert facts.get("estimated_max_len") == 122080
+
+
+@pytest.mark.parametrize("line, fact", [
+    ("NCCL WARN Error: failed to extend /dev/shm/nccl-aXb3 to 9637892 bytes", "shm_error"),
+    ("misc/shmutils.cc:72 NCCL WARN Call to posix_fallocate failed : No space left on device", "shm_error"),
+    ("RuntimeError: unable to write to file </torch_1234_567_0>: No space left on device (28)", "shm_error"),
+    ("[12345.6] Memory cgroup out of memory: Killed process 4242 (python3) total-vm:99GB", "host_oom"),
+    ('  File "/usr/lib/python3/dist-packages/torch/cuda/graphs.py", line 183, in __exit__', None),
+])
+def test_more_shm_and_host_memory_wordings(line, fact):
+    facts = facts_of(line + "\n")
+    if fact:
+        assert facts.get(fact) is True
+    else:
+        assert facts.frame_stages == ["graph_capture"]
+
+
+def test_a_runtime_warning_about_the_shared_memory_queue_is_not_a_shm_error():
+    line = ("(EngineCore pid=5) INFO 11-01 10:00:00 [shm_broadcast.py:466] No available shared memory broadcast block "
+            "found in 60 seconds. This typically happens when some processes are hanging.")
+    assert facts_of(line + "\n").get("shm_error") is None
