@@ -160,7 +160,9 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                     proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                     verify_timeout_seconds=settings.verify_timeout_seconds,
                     default_namespace=settings.default_namespace)
-    service = OncallService(cluster, store, chat, policy, metrics)
+    from bot.llm import LLMSettings, with_llm_wording
+
+    service = OncallService(cluster, store, chat, policy, metrics, diagnose=with_llm_wording(LLMSettings.from_env()))
 
     def kubernetes_answers() -> None:
         if settings.store == "kube":

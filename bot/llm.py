@@ -13,10 +13,11 @@ import json
 import logging
 import os
 import re
+from typing import Callable
 
 from pydantic import BaseModel
 
-from bot.models import DiagnosisResult
+from bot.models import DiagnosisResult, Evidence
 from bot.redact import redact
 
 log = logging.getLogger(__name__)
@@ -80,3 +81,17 @@ def explain(diagnosis: DiagnosisResult, settings: LLMSettings | None) -> str | N
         log.warning("LLM explanation dropped: it states numbers the diagnosis does not, or is too long")
         return None
     return text
+
+
+def with_llm_wording(settings: LLMSettings | None) -> Callable[[Evidence], DiagnosisResult]:
+    """The core's diagnose, with the model's plain-language summary appended when it passes."""
+    from bot.diagnose import diagnose
+
+    def diagnose_and_word(evidence: Evidence) -> DiagnosisResult:
+        result = diagnose(evidence)
+        words = explain(result, settings)
+        if not words:
+            return result
+        return result.model_copy(update={"explanation": f"{result.explanation}\nIn plain words: {words}"})
+
+    return diagnose_and_word

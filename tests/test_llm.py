@@ -78,3 +78,17 @@ def test_endpoint_errors_fall_back_to_none(stand_in):
 
 def test_nothing_is_sent_without_settings():
     assert explain(DIAGNOSIS, None) is None
+
+
+@pytest.mark.parametrize("stand_in", [("The context does not fit: serve 18,432 tokens.",)], indirect=True)
+def test_wording_is_appended_to_the_playbook_explanation(stand_in, tmp_path):
+    from bot.evidence import load_log
+    from bot.llm import with_llm_wording
+
+    log = tmp_path / "x.log"
+    log.write_text("ValueError: To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is "
+                   "needed, which is larger than the available KV cache memory (2.34 GiB). Based on the available memory, "
+                   "the estimated maximum model length is 19152. Try increasing `gpu_memory_utilization`.\n")
+    result = with_llm_wording(LLMSettings(base_url=stand_in.url, model="m"))(load_log(log))
+    assert result.explanation.endswith("In plain words: The context does not fit: serve 18,432 tokens.")
+    assert [c.after for c in result.changes] == ["18432"]  # the change is the playbook's, not the model's
