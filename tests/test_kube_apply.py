@@ -13,6 +13,7 @@ from bot.kube.live import LiveCluster
 from bot.kube.plan import AUDIT_ANNOTATION, AUDIT_MAX_BYTES, AUDIT_MAX_RECORDS
 from bot.kube.retry import RetryPolicy
 from bot.models import Change, DiagnosisResult
+from bot.playbooks import Playbook
 from kubeapi import kube_api  # noqa: F401  (fixture)
 from kubeapi.objects import container, crashing_deployment, deployment, start_pod
 
@@ -27,10 +28,21 @@ def diagnosis(*changes: Change, cause: str = "kv-cache-max-model-len") -> Diagno
 MAX_LEN = Change(kind="flag", name="--max-model-len", before="32768", after="8192")
 
 
+# The patch mechanics below mix every kind of change under one cause; this playbook allows them.
+# (Real playbooks allow far less: see test_a_change_outside_the_playbook_is_refused.)
+MECHANICS_PLAYBOOK = Playbook.model_validate({
+    "id": "kv-cache-max-model-len", "title": "t", "summary": "s", "priority": 1, "explanation": "e",
+    "when": [{"signal": "oom_any"}],
+    "fixes": [{"changes": [{"kind": kind, "name": name, "value": "enforce_eager_on"} for kind, name in [
+        ("flag", "--max-model-len"), ("flag", "--gpu-memory-utilization"), ("flag", "--enforce-eager"),
+        ("volume", "/dev/shm"), ("env", "VLLM_LOGGING_LEVEL"), ("env", "PYTORCH_CUDA_ALLOC_CONF"),
+        ("resources", "limits.memory"), ("resources", "limits.nvidia.com/gpu"), ("probe", "startupProbe")]]}]})
+
+
 @pytest.fixture
 def cluster(kube_api):  # noqa: F811
     api = KubeApi(kube_api.api_client(), retry=RetryPolicy(initial=0.001, maximum=0.002, sleep=lambda s: None))
-    return LiveCluster(api, name="test-cluster", poll_seconds=0.001)
+    return LiveCluster(api, name="test-cluster", poll_seconds=0.001, playbooks=[MECHANICS_PLAYBOOK])
 
 
 def live_container(kube_api, name: str = "llama", kind: str = "Deployment") -> dict:  # noqa: F811
@@ -370,3 +382,20 @@ def test_rollback_tolerates_server_defaults_but_not_an_added_env_var(kube_api, c
     assert result.ok, result.message
     c = live_container(kube_api)
     assert "startupProbe" not in c and "env" not in c
+
+
+def test_a_change_outside_the_playbook_is_refused(kube_api):  # noqa: F811
+    """Proposals are stored in the cluster; an edited one must not widen what the bot changes."""
+    api = KubeApi(kube_api.api_client(), retry=RetryPolicy(initial=0.001, maximum=0.002, sleep=lambda s: None))
+    strict = LiveCluster(api, name="test-cluster", poll_seconds=0.001)  # the bundled playbooks
+    _, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "32768"])])
+    proposal = propose(strict, kube_api, pod, MAX_LEN)
+    widened = proposal.model_copy(update={"changes": proposal.changes + [
+        Change(kind="env", name="LD_PRELOAD", after="/tmp/x.so")]})
+    result = strict.apply(widened, "U_ALICE")
+    assert not result.ok and "does not allow changing env LD_PRELOAD" in result.message
+    tampered_ops = [op for op in proposal.json_patch] + [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "evil:latest"}]
+    result = strict.apply(proposal.model_copy(update={"json_patch": tampered_ops}), "U_ALICE")
+    assert not result.ok and "stored patch does not match" in result.message
+    assert strict.apply(proposal, "U_ALICE").ok  # the untouched proposal still applies

@@ -28,8 +28,9 @@ class LiveCluster:
 
     def __init__(self, api: KubeApi, name: str = "default", proposal_ttl: timedelta = timedelta(hours=1),
                  poll_seconds: float = 5.0, head_bytes: int = HEAD_BYTES, tail_lines: int = TAIL_LINES,
-                 diagnose: Callable[[Evidence], DiagnosisResult] | None = None):
+                 diagnose: Callable[[Evidence], DiagnosisResult] | None = None, playbooks: Any = None):
         self.api = api
+        self.playbooks = playbooks  # what a proposal may change; None: the bundled playbooks/
         self.name = name
         self.proposal_ttl = proposal_ttl
         self.poll_seconds = poll_seconds
@@ -105,6 +106,9 @@ class LiveCluster:
         refused = self._refuse_if_edited(proposal, current)
         if refused:
             return refused
+        forbidden = plan.not_allowed(proposal, current, self.playbooks)
+        if forbidden:
+            return ApplyResult(ok=False, workload=ref, message=f"refused: {forbidden}")
         audit, record = plan.change_ops(proposal, current, actor)
         try:
             patched = self.api.patch_workload(ref.kind, ref.namespace, ref.name, self._rebased(proposal, current)

@@ -38,7 +38,8 @@ class _NoOwnersOnDisk:
 
 
 class LocalCluster:
-    def __init__(self, bundle_dir: Path, state_dir: Path, name: str = "local"):
+    def __init__(self, bundle_dir: Path, state_dir: Path, name: str = "local", playbooks: Any = None):
+        self.playbooks = playbooks  # what a proposal may change; None: the bundled playbooks/
         self.bundle_dir = Path(bundle_dir)
         self.state_dir = Path(state_dir)
         self.name = name
@@ -159,6 +160,9 @@ class LocalCluster:
             return ApplyResult(ok=False, conflict=True, workload=ref, changed_fields=fields,
                                message=f"refused: {ref.kind} {ref.name} was edited since the proposal; "
                                        f"re-diagnose.\n{diff or 'its spec changed outside the container'}")
+        forbidden = plan.not_allowed(proposal, current, self.playbooks)
+        if forbidden:
+            return ApplyResult(ok=False, workload=ref, message=f"refused: {forbidden}")
         audit, record = plan.change_ops(proposal, current, actor)
         return self._write_patched(current, ops + audit, record, ref, "VllmOncallChange")
 

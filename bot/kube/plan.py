@@ -79,6 +79,33 @@ def make_proposal(cluster: str, ref: WorkloadRef, workload: dict[str, Any], diag
     )
 
 
+def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = None) -> str | None:
+    """Why this proposal must not be applied, or None.
+
+    Proposals live in the cluster (the incident object), where someone with write access could
+    edit them. So before patching: every change must be one the cause's playbook declares, and
+    the stored JSON Patch must be exactly the patch those changes make to this workload.
+    """
+    from bot.playbooks import default_playbooks
+
+    book = next((b for b in (playbooks or default_playbooks()) if b.id == proposal.cause), None)
+    if book is None:
+        return f"no playbook {proposal.cause!r} declares this change"
+    allowed = book.allowed()
+    extra = [f"{c.kind} {c.name}" for c in proposal.changes if (c.kind, c.name) not in allowed]
+    if extra:
+        return f"playbook {book.id} does not allow changing {', '.join(extra)}"
+    pod_spec = ch.pod_spec_of(current)
+    expected = ch.build_json_patch(pod_spec, ch.apply_changes(pod_spec, proposal.workload.container, proposal.changes),
+                                   proposal.workload.container, ch.pod_spec_pointer(current.get("kind", "")),
+                                   resource_version=None)
+    stored = [op for op in proposal.json_patch if not op["path"].startswith("/metadata/")]
+    expected = [op for op in expected if not op["path"].startswith("/metadata/")]
+    if stored != expected:
+        return "the stored patch does not match the proposal's changes"
+    return None
+
+
 def conflict_with(proposal: Proposal, current: dict[str, Any]) -> str | None:
     """What changed in the target container (or volumes) since the proposal; None if nothing did."""
     now_fields = ch.fields_of(ch.pod_spec_of(current), proposal.workload.container)
