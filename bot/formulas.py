@@ -494,15 +494,21 @@ def shm_size(ctx: Context) -> Computed | None:
 @formula
 def startup_probe_for_load(ctx: Context) -> Computed | None:
     container = ctx.pod.container
-    raw_container = _raw_container(ctx)
-    if container is None or container.has_startup_probe:
+    raw_container = _raw_container(ctx) or {}
+    if container is None:
         return None
-    liveness = (raw_container or {}).get("livenessProbe") or {}
-    handler = {k: v for k, v in liveness.items() if k in {"httpGet", "tcpSocket", "exec", "grpc"}} or {
+    startup = raw_container.get("startupProbe") or {}
+    if startup and not ctx.signals.get("startup_probe_failed"):
+        return None  # a startup probe that did not fail is not what killed it
+    source = startup or raw_container.get("livenessProbe") or {}
+    handler = {k: v for k, v in source.items() if k in {"httpGet", "tcpSocket", "exec", "grpc"}} or {
         "httpGet": {"path": "/health", "port": 8000}}
     period = 10
     lived = container.last_finished_after_seconds
     budget = container.liveness_budget_seconds
+    if startup:
+        budget = int(startup.get("initialDelaySeconds", 0)) + int(startup.get("periodSeconds", 10)) * int(
+            startup.get("failureThreshold", 3))
     observed = lived or budget or 90
     pct = ctx.signals.get("weights_progress_pct")
     if pct and 0 < pct < 100:
@@ -515,7 +521,10 @@ def startup_probe_for_load(ctx: Context) -> Computed | None:
     window = int(min(3600, max(600, math.ceil(estimate / 60) * 60)))
     threshold = window // period
     probe = {**handler, "periodSeconds": period, "failureThreshold": threshold}
-    return Computed(after=json.dumps(probe, separators=(",", ":")), before=None,
+    if startup and threshold * period <= budget:
+        return None
+    before = json.dumps(startup, separators=(",", ":")) if startup else None
+    return Computed(after=json.dumps(probe, separators=(",", ":")), before=before,
                     arithmetic=f"{why}; a startupProbe allows {threshold} x {period} s = {window} s (at least 10 minutes) "
                                f"before the liveness probe starts counting.")
 

@@ -57,6 +57,7 @@ DERIVED = {
     "exit_code": "previous container's exit code",
     "oom_killed": "previous container was OOMKilled (host RAM)",
     "liveness_failed": "pod events show liveness probe failures",
+    "startup_probe_failed": "pod events show startup probe failures",
     "has_startup_probe": "the container has a startupProbe",
     "has_liveness_probe": "the container has a livenessProbe",
     "fatal_error": "the log holds an exception other than a termination signal",
@@ -247,6 +248,8 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     liveness = [m for r, m in zip(pod.event_reasons, pod.event_messages)
                 if "Liveness probe failed" in m or "failed liveness probe" in m or r == "Unhealthy" and "Liveness" in m]
     s.set("liveness_failed", bool(liveness), liveness[0] if liveness else None)
+    startup = [m for m in pod.event_messages if "Startup probe failed" in m or "failed startup probe" in m]
+    s.set("startup_probe_failed", bool(startup), startup[0] if startup else None)
     if any(r in {"OOMKilling", "SystemOOM"} or "OOMKilled" in m for r, m in zip(pod.event_reasons, pod.event_messages)):
         s.set("oom_killed", True)
 
