@@ -62,13 +62,15 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         matched_lines: list[str] = []
         if not all(_holds(c, signals, facts, matched_lines) for c in book.when):
             continue
-        changes, arithmetic, note = _first_fix(book, ctx)
+        changes, arithmetic, note, cautions = _first_fix(book, ctx)
         new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
         explanation = _fill(book.explanation, signals)
         if arithmetic:
             explanation += "\n" + "\n".join(arithmetic)
         if note:
             explanation += "\n" + note
+        if cautions:
+            explanation += "\nCaution: " + " ".join(cautions)
         if not changes:
             explanation += "\nThe evidence does not hold the numbers to compute a safe change; none is proposed."
         return DiagnosisResult(
@@ -77,7 +79,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
             explanation=explanation,
             evidence=_evidence_lines(book, signals, matched_lines, facts),
             changes=changes,
-            confidence=book.confidence if changes else "low",
+            confidence=("medium" if cautions and book.confidence == "high" else book.confidence) if changes else "low",
             command_after=list(new_command or []) + list(new_args or []),
             **base,
         )
@@ -117,20 +119,24 @@ def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str
     return ok
 
 
-def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], str | None]:
+def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], str | None, list[str]]:
     for fix in book.fixes:
         computed: list[tuple[Any, Computed]] = []
         for spec in fix.changes:
             result = FORMULAS[spec.value](ctx)
+            if result is None and spec.optional:
+                continue
             if result is None or not _within_bounds(result.after, spec.min, spec.max):
                 break
             computed.append((spec, result))
         else:
+            if not computed:
+                continue
             changes = [Change(kind=spec.kind, name=spec.name, before=r.before, after=r.after) for spec, r in computed]
             arithmetic = [f"Proposed: {c.name} {c.after}. {r.arithmetic}" if c.kind != "probe" else
                           f"Proposed: a {c.name}. {r.arithmetic}" for c, (_, r) in zip(changes, computed)]
-            return changes, arithmetic, fix.note
-    return [], [], None
+            return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution]
+    return [], [], None, []
 
 
 def _within_bounds(value: str | None, lo: float | None, hi: float | None) -> bool:

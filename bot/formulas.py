@@ -35,6 +35,7 @@ class Computed:
     after: str | None
     before: str | None
     arithmetic: str
+    caution: str | None = None  # the value is right by the numbers but may not be enough on its own
 
 
 Formula = Callable[[Context], Computed | None]
@@ -168,8 +169,15 @@ def utilization_for_free_memory(ctx: Context) -> Computed | None:
         return None
     if new <= 0.05 or new >= util:
         return None
-    return Computed(after=fmt_util(new), before=before_text(raw, util),
-                    arithmetic=text + ".")
+    weights = s.get("weights_gib") or s.get("weights_estimate_gib")
+    caution = None
+    if weights and new * total < weights + 1.0:
+        caution = (f"{fmt_util(new)} x {gib(total)} = {gib(new * total)} cannot hold the model's ~{gib(weights)} of "
+                   f"weights plus a KV cache: the lasting fix is to free this GPU (or give the pod its own).")
+    elif new * total < 2.0:
+        caution = (f"{fmt_util(new)} x {gib(total)} = {gib(new * total)} is enough only for a very small model: "
+                   f"the lasting fix is to free this GPU (or give the pod its own).")
+    return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".", caution=caution)
 
 
 @formula
@@ -183,6 +191,15 @@ def utilization_raise_for_kv(ctx: Context) -> Computed | None:
     if total and weights is not None and act is not None and non_torch is not None and s.get("engine") == "v0" \
             and act > weights:  # 0.6.4 prints the peak incl. weights
         act = act - weights
+    needed, available = s.get("kv_needed_gib"), s.get("available_kv_gib")
+    if total and needed is not None and available is not None and needed > available:
+        new = math.ceil((util + (needed - available) / total) * 100) / 100 + 0.01
+        text = (f"one request needs {gib(needed)} of KV cache and {gib(available)} is available: "
+                f"{util} + ({needed} - {available}) / {total:.2f} = {util + (needed - available) / total:.4f}, "
+                f"rounded up plus 0.01 headroom")
+        if util < new <= cap:
+            return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".")
+        return None  # more than the card can give: another fix
     if total and weights is not None and act is not None:
         need_kv = max(1.0, s.get("kv_needed_gib") or 1.0)
         need = weights + act + (non_torch or 0.0) + need_kv
@@ -208,8 +225,8 @@ def utilization_lower_for_headroom(ctx: Context) -> Computed | None:
     s = ctx.signals
     util, raw = current_utilization(ctx)
     total = s.get("gpu_total_gib")
-    if not total:
-        return None
+    if not total or s.get("free_at_start_gib") is not None:
+        return None  # vLLM said how much was free: only that number can size the budget
     room = max(s.get("graph_gib") or 0.0, s.get("oom_tried_gib") or 0.0, 1.0)
     new = math.floor((util - room / total) * 100) / 100
     if new <= 0.3 or new >= util:
@@ -230,19 +247,31 @@ def enforce_eager_on(ctx: Context) -> Computed | None:
                                "--gpu-memory-utilization (vLLM: 'CUDA graphs can take additional 1~3 GiB memory per GPU').")
 
 
+def default_max_num_seqs(ctx: Context) -> int:
+    """V1's default --max-num-seqs: 1024 in 0.8.0-0.8.4, later 1024 only on big non-A100 cards, else 256."""
+    version = version_tuple(ctx.signals.get("vllm_version"))
+    total = ctx.signals.get("gpu_total_gib") or 0
+    product = (ctx.node.gpu_product or "").upper()
+    if version == (0, 8) or (total >= 70 and "A100" not in product):
+        return 1024
+    return 256
+
+
 @formula
 def max_num_seqs_below_warmup(ctx: Context) -> Computed | None:
     n = ctx.signals.get("sampler_oom_requests")
-    if not n:
-        return None
     current, raw = current_int(ctx, "--max-num-seqs", "config_max_num_seqs")
-    base = min(n, current) if current else n
+    if n:
+        base = min(n, current) if current else n
+        why = f"the sampler warm-up ran out of memory with {n} dummy requests"
+    else:
+        base = current or default_max_num_seqs(ctx)
+        why = f"the sampler warm-up runs one dummy request per --max-num-seqs slot ({base}{'' if current else ', the default here'})"
     new = floor_pow2(base / 2)
     if new < 1 or new >= base:
         return None
-    return Computed(after=str(new), before=raw if raw is not None else str(n),
-                    arithmetic=f"the sampler warm-up ran out of memory with {n} dummy requests; half of that, "
-                               f"rounded down to a power of two, is {new}.")
+    return Computed(after=str(new), before=raw if raw is not None else str(base),
+                    arithmetic=f"{why}; half of that, rounded down to a power of two, is {new}.")
 
 
 def _multimodal_profile(ctx: Context) -> bool:

@@ -145,7 +145,8 @@ rx("concurrency", ("Maximum concurrency",), r"Maximum concurrency for " + _NUM +
 rx("available_kv", ("Available KV cache memory",), r"Available KV cache memory: (-?[\d.]+) ?GiB")
 rx("kv_memory_bytes", ("kv_cache_memory_bytes",), r"reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
 rx("v0_maxlen", ("max seq len",), r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)")
-rx("v1_maxlen", ("max seq len",), r"max seq len \((\d+)\), \(([\d.]+) ?GI?B KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) ?GI?B\)\.(?: Based on the available memory,(?: the estimated maximum model length is (\d+)\.)?)?", re.I)
+rx("v1_maxlen", ("max seq len",), r"max seq len \((\d+)\),\s*\(?([\d.]+) ?GI?B KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) ?GI?B\)\.(?:\s*Based on the available memory,(?:\s*the estimated maximum model length is (\d+)\.)?)?", re.I)
+rx("estimated_len", ("estimated maximum model length is",), r"the estimated maximum model length is (\d+)")
 rx("no_kv_memory", ("No available memory for the cache", "Cannot auto-fit"), r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory")
 rx("autofit", ("Auto-fit max_model_len",), r"Auto-fit max_model_len: reduced from (\d+) to (\d+)")
 rx("free_check", ("Free memory on device",), r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)")
@@ -272,6 +273,8 @@ def _handle(state: _State, name: str, m: re.Match[str], line: str, n: int) -> No
         if g[3]:
             state.put("estimated_max_len", int(g[3]), line, n, keep="min")
         state.mark("kv_sizing", n)
+    elif name == "estimated_len":
+        state.put("estimated_max_len", int(g[0]), line, n, keep="min")
     elif name == "no_kv_memory":
         state.put("no_kv_memory", True, line, n)
         state.mark("kv_sizing", n)
@@ -379,6 +382,8 @@ def _handle(state: _State, name: str, m: re.Match[str], line: str, n: int) -> No
         stage = FRAME_STAGES.get(func) if ("vllm" in path or "torch" in path) else None
         if path.endswith("cuda/graphs.py"):
             stage = "graph_capture"
+        elif "vllm/v1/sample/" in path.replace("\\", "/"):
+            stage = "warmup"  # the V1 sampler runs at start-up only in its warm-up (runtime: after 'ready')
         if stage is None and func == "__init__" and MODEL_FILE_HINT.search(path):
             stage = "weights"
         if stage:

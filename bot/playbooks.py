@@ -92,6 +92,7 @@ class ChangeSpec(Strict):
     kind: ChangeKind
     name: str
     value: str  # formula name in bot.formulas
+    optional: bool = False  # when the formula has nothing to change, the rest of the fix still stands
     min: float | None = None
     max: float | None = None
 

@@ -132,7 +132,8 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     container = pod.container
 
     # -- where it died
-    frame_stage = max(facts.frame_stages, key=lambda st: FRAME_ORDER[st]) if facts.frame_stages else None
+    frame_stages = [st for st in facts.frame_stages if not (st == "warmup" and facts.get("engine_ready"))]
+    frame_stage = max(frame_stages, key=lambda st: FRAME_ORDER[st]) if frame_stages else None
     marker_stage = max((st for st in facts.markers if st != "ready"), key=lambda st: FRAME_ORDER[st], default=None)
     stage = frame_stage or marker_stage
     if frame_stage and marker_stage and FRAME_ORDER[marker_stage] > FRAME_ORDER[frame_stage] \
@@ -143,7 +144,8 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     reached = [st for st in facts.markers if st != "ready"]
     s.set("load_stage", not reached or all(FRAME_ORDER[st] <= FRAME_ORDER["weights"] for st in reached))
 
-    v1 = any(k in facts.facts for k in ("kv_tokens", "free_memory_check_failed", "sampler_oom_requests")) or any(
+    v1 = any(k in facts.facts for k in ("kv_tokens", "free_memory_check_failed", "sampler_oom_requests",
+                                         "kv_needed_gib", "estimated_max_len")) or any(
         "EngineCore" in line or "v1/" in line or "VllmWorker" in line or "V1 LLM engine" in line
         for _, line in facts.hit_lines[:400])
     s.set("engine", "v1" if v1 else "v0")

@@ -1,0 +1,66 @@
+"""Rules that real reports taught us, each on a small bundle of our own."""
+
+from __future__ import annotations
+
+from bot.diagnose import diagnose
+from bot.evidence import load_bundle
+
+from conftest import make_node, make_pod, write_bundle
+
+
+def changes_of(result):
+    return {(c.kind, c.name): (c.before, c.after) for c in result.changes}
+
+
+def test_weights_too_big_on_a_pod_that_already_has_the_gpus(tmp_path):
+    """TP 1 on an 8-GPU pod: raise TP only; the GPU limit needs no change."""
+    log = ('  File "/usr/lib/python3/dist-packages/vllm/model_executor/models/qwen2.py", line 300, in __init__\n'
+           "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB. GPU 0 has a total capacty of "
+           "79.33 GiB of which 500.00 MiB is free. Of the allocated memory 78.33 GiB is allocated by PyTorch, and 10.00 MiB "
+           "is reserved by PyTorch but unallocated.\n")
+    pod = make_pod(command=["vllm", "serve"], args=["Qwen/Qwen2-72B-Instruct"], gpus="8")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-A100-SXM4-80GB", 81920, 8))))
+    assert result.cause == "weights-exceed-gpu"
+    assert changes_of(result) == {("flag", "--tensor-parallel-size"): ("1", "4")}
+    assert result.command_after == ["vllm", "serve", "Qwen/Qwen2-72B-Instruct", "--tensor-parallel-size", "4"]
+
+
+def test_v1_sampler_oom_seen_only_in_its_frames(tmp_path):
+    log = ('  File "/usr/local/lib/python3.10/dist-packages/vllm/v1/sample/ops/topk_topp_sampler.py", line 111, in '
+           "apply_top_k_top_p\n    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.74 GiB. GPU 1 has a total capacity of "
+           "23.69 GiB of which 1.01 GiB is free. Process 1 has 22.67 GiB memory in use. Of the allocated memory 21.9 GiB "
+           "is allocated by PyTorch, and 300.00 MiB is reserved by PyTorch but unallocated.\n")
+    pod = make_pod(command=["vllm", "serve"], args=["m", "--max-num-seqs", "512"])
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "sampler-warmup-max-num-seqs"
+    assert changes_of(result) == {("flag", "--max-num-seqs"): ("512", "256")}
+
+
+def test_v1_max_len_message_reformatted_over_lines(tmp_path):
+    log = ("ValueError: To serve at least one request with the model's max seq len (1048576),\n"
+           "22.5 GiB KV cache is needed, which is larger than the available KV cache memory (17.39 GiB).\n"
+           "Based on the available memory, the estimated maximum model length is 810208.\n")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "m"]))))
+    assert result.cause == "kv-cache-max-model-len"
+    assert changes_of(result) == {("flag", "--max-model-len"): ("1048576", "809984")}
+
+
+def test_a_busy_gpu_gets_the_value_and_an_honest_caution(tmp_path):
+    log = ("(EngineCore pid=5) ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than desired "
+           "GPU memory utilization (0.9, 19.85 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+           "processes.\n")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "meta-llama/Llama-3.1-8B"]))))
+    assert result.cause == "shared-gpu-free-memory"
+    assert changes_of(result) == {("flag", "--gpu-memory-utilization"): ("0.9", "0.06")}
+    assert result.confidence == "medium"
+    assert "Caution:" in result.explanation and "free this GPU" in result.explanation
+
+
+def test_a_gpu_with_nothing_free_gets_no_change(tmp_path):
+    log = ("ValueError: Free memory on device (0.49/79.32 GiB) on startup is less than desired GPU memory utilization "
+           "(0.6, 47.59 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.\n")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "m"]))))
+    assert result.cause == "shared-gpu-free-memory"
+    assert result.changes == []
+    assert "none is proposed" in result.explanation
