@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from bot import cmdline, render
 from bot.evidence import node_view, pod_view
-from bot.formulas import FORMULAS, Computed, Context
+from bot.formulas import FORMULAS, Computed, Context, NoSafeChange
 from bot.logfacts import LogFacts, extract
 from bot.models import BundleError, Change, DiagnosisResult, Evidence
 from bot.playbooks import Condition, Playbook, default_playbooks
@@ -71,8 +71,10 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
             explanation += "\n" + note
         if cautions:
             explanation += "\nCaution: " + " ".join(cautions)
-        if not changes:
+        if not changes and not arithmetic:
             explanation += "\nThe evidence does not hold the numbers to compute a safe change; none is proposed."
+        elif not changes:
+            explanation += "\nNo change is proposed."
         return DiagnosisResult(
             cause=book.id,
             title=book.title,
@@ -120,10 +122,16 @@ def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str
 
 
 def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], str | None, list[str]]:
+    """The first fix whose values can all be computed; else no change, with the reasons known."""
+    reasons: list[str] = []
     for fix in book.fixes:
         computed: list[tuple[Any, Computed]] = []
         for spec in fix.changes:
-            result = FORMULAS[spec.value](ctx)
+            try:
+                result = FORMULAS[spec.value](ctx)
+            except NoSafeChange as exc:
+                reasons.append(str(exc))
+                break
             if result is None and spec.optional:
                 continue
             if result is None or not _within_bounds(result.after, spec.min, spec.max):
@@ -136,7 +144,7 @@ def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], s
             arithmetic = [f"Proposed: {c.name} {c.after}. {r.arithmetic}" if c.kind != "probe" else
                           f"Proposed: a {c.name}. {r.arithmetic}" for c, (_, r) in zip(changes, computed)]
             return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution]
-    return [], [], None, []
+    return [], reasons, None, []
 
 
 def _within_bounds(value: str | None, lo: float | None, hi: float | None) -> bool:
@@ -167,8 +175,17 @@ class _Blank(string.Formatter):
             return str(value)
 
 
+_OPTIONAL = re.compile(r"\[\[(.*?)\]\]", re.S)
+
+
 def _fill(template: str, signals: Signals) -> str:
-    return _Blank().format(template, **signals.values)
+    """Fill {signal} names; a [[...]] part is kept only when every signal in it is known."""
+    def optional(m: re.Match[str]) -> str:
+        names = [f[1] for f in string.Formatter().parse(m.group(1)) if f[1]]
+        return m.group(1) if all(signals.get(n) is not None for n in names) else ""
+
+    text = _OPTIONAL.sub(optional, template)
+    return re.sub(r"  +", " ", _Blank().format(text, **signals.values)).replace(" .", ".").replace(" ,", ",")
 
 
 def _evidence_lines(book: Playbook, signals: Signals, matched: list[str], facts: LogFacts) -> list[str]:

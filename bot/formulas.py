@@ -38,6 +38,10 @@ class Computed:
     caution: str | None = None  # the value is right by the numbers but may not be enough on its own
 
 
+class NoSafeChange(Exception):
+    """The numbers are known and say that no value of this change can work (e.g. nothing free)."""
+
+
 Formula = Callable[[Context], Computed | None]
 FORMULAS: dict[str, Formula] = {}
 
@@ -167,6 +171,10 @@ def utilization_for_free_memory(ctx: Context) -> Computed | None:
                 f"/ {total} = {usable / total:.4f}, rounded down to {fmt_util(new)}")
     else:
         return None
+    if new <= 0.05 and s.get("free_at_start_gib") is not None:
+        raise NoSafeChange(f"only {gib(s.get('free_at_start_gib'))} of {gib(total)} was free at start-up: another "
+                           f"process holds this GPU, and no --gpu-memory-utilization can fit beside it. Free the GPU "
+                           f"(or give the pod its own) and restart.")
     if new <= 0.05 or new >= util:
         return None
     weights = s.get("weights_gib") or s.get("weights_estimate_gib")
@@ -274,8 +282,15 @@ def max_num_seqs_below_warmup(ctx: Context) -> Computed | None:
                     arithmetic=f"{why}; half of that, rounded down to a power of two, is {new}.")
 
 
+_MULTIMODAL_NAME = re.compile(r"(?i)(?:-vl\b|-vl-|vision|llava|minicpm-v|-v-|qwen2?\.?5?-?vl|pixtral|idefics|mllama|"
+                              r"internvl|phi-3(?:\.5)?-vision|gemma-3-\d+b-it|paligemma)")
+
+
 def _multimodal_profile(ctx: Context) -> bool:
-    return any("multi-modal" in line or "multimodal" in line for _, line in ctx.facts.hit_lines[:2000])
+    if any("multi-modal" in line or "multimodal" in line for _, line in ctx.facts.hit_lines[:2000]):
+        return True
+    model = ctx.cmd.model or ctx.signals.get("config_model") or ""
+    return bool(_MULTIMODAL_NAME.search(model.rsplit("/", 1)[-1]))
 
 
 def _shrink_ratio(ctx: Context) -> tuple[float, str]:
@@ -291,8 +306,8 @@ def _shrink_ratio(ctx: Context) -> tuple[float, str]:
 
 @formula
 def profile_max_num_seqs(ctx: Context) -> Computed | None:
-    """V0 and multimodal profiling runs max_num_seqs dummy sequences at once."""
-    if ctx.signals.get("engine") != "v0" and not _multimodal_profile(ctx):
+    """Multimodal profiling gives each of max_num_seqs dummy sequences its own image inputs."""
+    if not _multimodal_profile(ctx):
         return None
     current, raw = current_int(ctx, "--max-num-seqs", "config_max_num_seqs")
     base = current or 256
@@ -306,16 +321,38 @@ def profile_max_num_seqs(ctx: Context) -> Computed | None:
 
 @formula
 def profile_max_num_batched_tokens(ctx: Context) -> Computed | None:
-    """V1 profiles one batch of max_num_batched_tokens tokens."""
+    """The profiling batch is max_num_batched_tokens tokens (V1, and V0 with chunked prefill)."""
     current, raw = current_int(ctx, "--max-num-batched-tokens", "config_max_num_batched_tokens")
+    v0 = ctx.signals.get("engine") == "v0"
+    if v0 and current is None:
+        return None  # V0 batches max(max_model_len, 2048): --max-model-len is the lever there
     total = ctx.signals.get("gpu_total_gib") or 0
     base = current or (8192 if total >= 70 else 2048)
     ratio, why = _shrink_ratio(ctx)
     new = max(256, floor_pow2(base * ratio))
-    if new >= base:
+    max_len = ctx.signals.get("max_model_len")
+    if new >= base or (v0 and max_len and new < max_len):
         return None
     return Computed(after=str(new), before=raw if raw is not None else str(base),
                     arithmetic=f"{why}; {base} x {ratio:.2f} = {base * ratio:.0f}, rounded down to a power of two: {new}.")
+
+
+@formula
+def profile_max_model_len(ctx: Context) -> Computed | None:
+    """V0 without chunked prefill profiles one sequence of max_model_len tokens."""
+    if ctx.signals.get("engine") != "v0":
+        return None
+    current = ctx.signals.get("max_model_len")
+    if not current:
+        return None
+    ratio, why = _shrink_ratio(ctx)
+    new = round_down_len(int(current * ratio))
+    if new >= current or new < 256:
+        return None
+    raw = ctx.cmd.get("--max-model-len")
+    return Computed(after=str(new), before=raw if raw is not None else str(current),
+                    arithmetic=f"{why}; V0 profiles a batch of max(max_model_len, 2048) tokens: {current:,} x {ratio:.2f} "
+                               f"= {current * ratio:,.0f}, rounded down to {new:,}.")
 
 
 # ---- parallelism and GPUs --------------------------------------------------------------
@@ -479,7 +516,9 @@ def memory_limit_raise(ctx: Context) -> Computed | None:
     if alloc and new > 0.9 * alloc:
         new = int(0.9 * alloc) // 2**30 * 2**30
         if new <= current:
-            return None
+            raise NoSafeChange(f"the memory limit ({container.limits['memory']}) is already at the node's capacity "
+                               f"({alloc / 2**30:.0f} GiB allocatable): the pod needs a node with more memory, or less "
+                               f"host memory per worker (--swap-space, --cpu-offload-gb).")
         text += f", capped at 90% of the node's allocatable memory ({format_gib_quantity(new)})"
     return Computed(after=format_gib_quantity(new), before=container.limits["memory"], arithmetic=text + ".")
 

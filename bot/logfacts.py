@@ -176,8 +176,9 @@ rx("shm_insufficient", ("Insufficient space in",), r"Insufficient space in (\S+?
 rx("bus_error", ("Bus error", "SIGBUS", "signal 7"), r"Bus error|SIGBUS|signal 7\b")
 # NCCL's "system error" is what a full /dev/shm produces; network or CUDA errors are other causes
 rx("nccl_error", ("ncclSystemError", "unhandled system error"), r"ncclSystemError|unhandled system error")
-rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "of memory: Killed", "oom-kill", "OOMKilled", "MemoryError", "running low on memory"),
-   r"OOM killer|killed by SIGKILL|exceeds the memory usage threshold|Ray killed this worker|[Oo]ut of memory: Killed process|oom-kill|OOMKilled|(?<![\w])MemoryError|node running low on memory")
+rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "of memory: Killed", "oom-kill", "OOMKilled", "MemoryError", "running low on memory", "(SIGKILL)", "SIGKILL"),
+   r"OOM killer|killed by SIGKILL|exceeds the memory usage threshold|Ray killed this worker|[Oo]ut of memory: Killed process|oom-kill|OOMKilled|(?<![\w])MemoryError|node running low on memory"
+   r"|exit(?:ed)? with exit code 137 \(SIGKILL\)|\bSIGKILL\b[^\n]{0,60}\b(?:OOM|out of memory|memory)\b")
 rx("sigterm", ("KeyboardInterrupt", "SIGTERM", "signal 15", "Terminated"), r"KeyboardInterrupt: terminated|Received SIGTERM|signal 15|SIGTERM|^Terminated\b")
 rx("weights_progress", ("checkpoint shards:",), r"Loading (?:safetensors|pt|bin) checkpoint shards:\s+(\d+)%")
 rx("weights_start", ("Starting to load model", "Loading weights with", "Loading model from", "checkpoint shards", "Loading model weights"),

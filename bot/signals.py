@@ -41,6 +41,7 @@ DERIVED = {
     "gpu_total_gib": "one GPU's memory (log, else node label)",
     "other_processes_gib": "GPU memory held by other processes when the OOM hit",
     "fragmented": "PyTorch's reserved-but-unallocated memory would have covered the failed allocation",
+    "large_single_allocation": "the failed allocation was at least 2 GiB and 8% of the GPU",
     "kv_capacity_tokens_effective": "tokens the KV cache holds (error text, blocks x block size, or KV size line)",
     "max_model_len": "the effective --max-model-len",
     "kv_short": "the KV cache holds fewer tokens than --max-model-len",
@@ -201,6 +202,8 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
         s.set("other_processes_gib", round(others, 2), facts.line_of("oom_tried_gib"))
         unalloc = facts.get("oom_reserved_unallocated_gib") or 0.0
         s.set("fragmented", unalloc >= tried and unalloc >= 0.05, facts.line_of("oom_tried_gib"))
+        # one allocation of many GiB at start-up is a dummy batch's activations, not a weight or a KV block
+        s.set("large_single_allocation", tried >= max(2.0, 0.08 * o_total), facts.line_of("oom_tried_gib"))
     s.set("oom_any", bool(facts.get("oom") or facts.get("cuda_driver_oom")))
 
     # -- KV cache capacity vs --max-model-len
@@ -228,7 +231,9 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
         per_gpu = billions * 1e9 * bytes_per_param(model, dtype, quant) / 2**30 / max(1, tp * pp)
         s.set("weights_estimate_gib", round(per_gpu, 1))
         if total:
-            s.set("weights_exceed_gpu_estimate", per_gpu >= 0.95 * total)
+            # the model alone (nearly) fills the card: with the OOM showing vLLM itself holding it all
+            filled = (facts.get("oom_allocated_gib") or 0.0) >= 0.93 * total
+            s.set("weights_exceed_gpu_estimate", per_gpu >= 0.95 * total or (per_gpu >= 0.88 * total and filled))
 
     # -- pod
     if container:

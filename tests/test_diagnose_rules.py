@@ -63,4 +63,23 @@ def test_a_gpu_with_nothing_free_gets_no_change(tmp_path):
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "m"]))))
     assert result.cause == "shared-gpu-free-memory"
     assert result.changes == []
-    assert "none is proposed" in result.explanation
+    assert "another process holds this GPU" in result.explanation and "No change is proposed" in result.explanation
+
+
+def test_a_memory_limit_at_the_node_capacity_says_so(tmp_path):
+    pod = make_pod(args=["--model", "m"], memory="240Gi", exit_code=137, reason="OOMKilled")
+    node = make_node(allocatable_memory="251Gi")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", "INFO 06-01 10:00:00 [api_server.py:1] starting\n", pod, node)))
+    assert result.cause == "host-oom-killed"
+    assert result.changes == []
+    assert "already at the node's capacity" in result.explanation
+
+
+def test_one_huge_allocation_without_a_stage_is_the_profiling_batch(tmp_path):
+    log = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 14.00 GiB. GPU 0 has a total capacty of "
+           "14.58 GiB of which 9.93 GiB is free. Including non-PyTorch memory, this process has 4.64 GiB memory in use. Of "
+           "the allocated memory 4.20 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but unallocated.\n")
+    pod = make_pod(args=["--model", "TheBloke/zephyr-7B-beta-AWQ", "--max-num-batched-tokens", "32768"])
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "profiling-activation-oom"
+    assert changes_of(result) == {("flag", "--max-num-batched-tokens"): ("32768", "16384")}
