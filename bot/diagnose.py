@@ -141,10 +141,14 @@ def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], s
             if not computed:
                 continue
             changes = [Change(kind=spec.kind, name=spec.name, before=r.before, after=r.after) for spec, r in computed]
-            arithmetic = [f"Proposed: {c.name} {c.after}. {r.arithmetic}" if c.kind != "probe" else
-                          f"Proposed: a {c.name}. {r.arithmetic}" for c, (_, r) in zip(changes, computed)]
+            arithmetic = [f"Proposed: {c.name} {c.after}. {_sentence(r.arithmetic)}" if c.kind != "probe" else
+                          f"Proposed: a {c.name}. {_sentence(r.arithmetic)}" for c, (_, r) in zip(changes, computed)]
             return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution]
     return [], reasons, None, []
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _within_bounds(value: str | None, lo: float | None, hi: float | None) -> bool:
