@@ -235,10 +235,17 @@ def utilization_lower_for_headroom(ctx: Context) -> Computed | None:
     total = s.get("gpu_total_gib")
     if not total or s.get("free_at_start_gib") is not None:
         return None  # vLLM said how much was free: only that number can size the budget
-    room = max(s.get("graph_gib") or 0.0, s.get("oom_tried_gib") or 0.0, 1.0)
+    tried, free = s.get("oom_tried_gib"), s.get("oom_free_gib")
+    if s.get("stage") == "kv_allocation" and tried is not None and free is not None:
+        room = max(tried - free, 0.0) + 1.0  # only the shortfall, not the whole KV tensor
+    else:
+        room = max(s.get("graph_gib") or 0.0, tried or 0.0, 1.0)
     new = math.floor((util - room / total) * 100) / 100
     if new <= 0.3 or new >= util:
         return None
+    held = s.get("oom_allocated_gib")
+    if held is not None and s.get("stage") == "kv_allocation" and new * total < held + 1.0:
+        return None  # the new budget would not even cover what vLLM held before the KV cache
     text = f"{util} - {gib(room)} / {gib(total)} = {util - room / total:.4f}, rounded down to {fmt_util(new)}"
     return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".")
 

@@ -201,7 +201,7 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
             others = 0.0  # the only process listed is vLLM itself (container PID namespace)
         s.set("other_processes_gib", round(others, 2), facts.line_of("oom_tried_gib"))
         unalloc = facts.get("oom_reserved_unallocated_gib") or 0.0
-        s.set("fragmented", unalloc >= tried and unalloc >= 0.05, facts.line_of("oom_tried_gib"))
+        s.set("fragmented", unalloc >= tried and unalloc >= max(0.5, 0.02 * o_total), facts.line_of("oom_tried_gib"))
         # one allocation of many GiB at start-up is a dummy batch's activations, not a weight or a KV block
         s.set("large_single_allocation", tried >= max(2.0, 0.08 * o_total), facts.line_of("oom_tried_gib"))
     s.set("oom_any", bool(facts.get("oom") or facts.get("cuda_driver_oom")))

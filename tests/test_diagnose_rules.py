@@ -83,3 +83,33 @@ def test_one_huge_allocation_without_a_stage_is_the_profiling_batch(tmp_path):
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
     assert result.cause == "profiling-activation-oom"
     assert changes_of(result) == {("flag", "--max-num-batched-tokens"): ("32768", "16384")}
+
+
+def test_a_few_mib_of_unallocated_cache_is_not_fragmentation(tmp_path):
+    log = ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity of 15.98 GiB "
+           "of which 22.00 MiB is free. Of the allocated memory 15.69 GiB is allocated by PyTorch, and 92.65 MiB is "
+           "reserved by PyTorch but unallocated.\n")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "m"]))))
+    assert result.cause != "allocator-fragmentation"
+    assert result.changes == [] or result.cause is not None
+
+
+def test_workers_that_reached_kv_sizing_had_their_gpus(tmp_path):
+    """TP x PP above the pod's GPUs, but the ranks run on other Ray nodes: not a TP mismatch."""
+    log = ('(RayWorkerWrapper pid=37396, ip=10.244.1.95) ERROR 04-17 15:11:18 [worker_base.py:620]   File '
+           '"/usr/local/lib/python3.12/dist-packages/vllm/worker/worker.py", line 540, in raise_if_cache_size_invalid\n'
+           '(RayWorkerWrapper pid=37396, ip=10.244.1.95) ERROR 04-17 15:11:18 [worker_base.py:620]     raise '
+           'ValueError("No available memory for the cache blocks. "\n')
+    pod = make_pod(command=["vllm", "serve"], args=["m", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2"],
+                   gpus="8")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "no-kv-cache-memory"
+
+
+def test_rays_small_dev_shm_warning_under_tensor_parallelism(tmp_path):
+    log = ("2023-11-18 03:39:16,283 WARNING services.py:1996 -- WARNING: The object store is using /tmp instead of "
+           "/dev/shm because /dev/shm has only 67108864 bytes available. This will harm performance!\n")
+    pod = make_pod(args=["--model", "m", "--tensor-parallel-size", "2"], gpus="2")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "shm-too-small"
+    assert changes_of(result) == {("volume", "/dev/shm"): (None, "2Gi")}
