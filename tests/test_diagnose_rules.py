@@ -90,8 +90,7 @@ def test_a_few_mib_of_unallocated_cache_is_not_fragmentation(tmp_path):
            "of which 22.00 MiB is free. Of the allocated memory 15.69 GiB is allocated by PyTorch, and 92.65 MiB is "
            "reserved by PyTorch but unallocated.\n")
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "m"]))))
-    assert result.cause != "allocator-fragmentation"
-    assert result.changes == [] or result.cause is not None
+    assert result.cause is None and result.changes == []  # no stage, no numbers that point anywhere: say so
 
 
 def test_workers_that_reached_kv_sizing_had_their_gpus(tmp_path):
