@@ -112,3 +112,16 @@ def test_rays_small_dev_shm_warning_under_tensor_parallelism(tmp_path):
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
     assert result.cause == "shm-too-small"
     assert changes_of(result) == {("volume", "/dev/shm"): (None, "2Gi")}
+
+
+def test_probe_kill_told_by_vllm_itself(tmp_path):
+    """No events collected, exit code 1: vLLM's "KeyboardInterrupt: terminated" mid-load still tells it."""
+    log = ("INFO 06-01 10:00:00 [api_server.py:1] vLLM API server version 0.6.3\n"
+           "Loading safetensors checkpoint shards:  40% Completed | 12/30 [01:03<01:34,  5.25s/it]\n"
+           "KeyboardInterrupt: terminated\n")
+    pod = make_pod(args=["--model", "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", "4"], gpus="4",
+                   liveness={"httpGet": {"path": "/health", "port": 8000}, "initialDelaySeconds": 60, "periodSeconds": 10,
+                             "failureThreshold": 3})
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "probe-killed-during-load"
+    assert [c.name for c in result.changes] == ["startupProbe"]
