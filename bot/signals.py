@@ -140,6 +140,8 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     if frame_stage and marker_stage and FRAME_ORDER[marker_stage] > FRAME_ORDER[frame_stage] \
             and marker_stage == "graph_capture" and not facts.get("graph_capture_finished"):
         stage = marker_stage  # capture started and never finished: frames were cut off
+    if stage == "nccl_init" and facts.get("free_memory_check_failed"):
+        stage = "startup"  # V1 init_device raises the free-memory check before any NCCL set-up
     s.set("stage", stage)
     s.set("died_before_ready", not facts.get("engine_ready"))
     reached = [st for st in facts.markers if st != "ready"]
