@@ -533,6 +533,14 @@ def memory_limit_raise(ctx: Context) -> Computed | None:
 @formula
 def swap_space_off(ctx: Context) -> Computed | None:
     raw = ctx.cmd.get("--swap-space")
+    if raw is None and ctx.signals.get("engine") == "v0":
+        # V0 pins --swap-space 4 GiB of host RAM per worker by default; "# CPU blocks: N" (N > 0) shows it is in use
+        m = re.search(r"# CPU blocks: (\d+)", ctx.signals.lines.get("gpu_blocks") or "")
+        if m and int(m.group(1)) > 0:
+            world = max(1, ctx.signals.get("world_size") or 1)
+            return Computed(after="0", before="4",
+                            arithmetic=f"V0's default --swap-space 4 pins 4 GiB of host RAM per GPU worker ({4 * world} GiB "
+                                       f"for {world}; the log shows {m.group(1)} CPU blocks allocated).")
     if raw is None or float(raw) <= 0:
         return None
     world = max(1, ctx.signals.get("world_size") or 1)

@@ -161,7 +161,7 @@ rx("torch_oom_alloc", ("Of the allocated memory",), r"Of the allocated memory " 
 rx("torch_oom_self", ("this process has",), r"Including non-PyTorch memory, this process has " + _SIZE + r" memory in use")
 rx("torch_oom_proc", ("memory in use",), r"Process (\d+) has " + _SIZE + r" memory in use")
 rx("oom_generic", ("out of memory", "OutOfMemory", "cudaErrorMemoryAllocation", "ALLOC_FAILED", "OUT_OF_MEMORY"),
-   r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY")
+   r"CUDA out of memory|(?<!exceptions\.)OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY")
 rx("weights_wrapper", ("Failed to load model",), r"Failed to load model - not enough GPU memory")
 rx("world_size", ("World size (",), r"World size \((\d+)\) is larger than the number of available GPUs \((\d+)\)")
 rx("tp_local", ("max local gpu count",), r"please (?:set tensor_parallel_size \((\d+)\) to less than|ensure that world_size \((\d+)\) is less than than) max local gpu count \((\d+)\)")
@@ -176,9 +176,11 @@ rx("shm_insufficient", ("Insufficient space in",), r"Insufficient space in (\S+?
 rx("bus_error", ("Bus error", "SIGBUS", "signal 7"), r"Bus error|SIGBUS|signal 7\b")
 # NCCL's "system error" is what a full /dev/shm produces; network or CUDA errors are other causes
 rx("nccl_error", ("ncclSystemError", "unhandled system error"), r"ncclSystemError|unhandled system error")
-rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "of memory: Killed", "oom-kill", "OOMKilled", "MemoryError", "running low on memory", "(SIGKILL)", "SIGKILL"),
+rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "of memory: Killed", "oom-kill", "OOMKilled", "MemoryError", "running low on memory", "(SIGKILL)", "SIGKILL", "Killed"),
    r"OOM killer|killed by SIGKILL|exceeds the memory usage threshold|Ray killed this worker|[Oo]ut of memory: Killed process|oom-kill|OOMKilled|(?<![\w])MemoryError|node running low on memory"
-   r"|exit(?:ed)? with exit code 137 \(SIGKILL\)|\bSIGKILL\b[^\n]{0,60}\b(?:OOM|out of memory|memory)\b")
+   r"|exit(?:ed)? with exit code 137 \(SIGKILL\)|\bSIGKILL\b[^\n]{0,60}\b(?:OOM|out of memory|memory)\b"
+   # a shell reporting its child SIGKILLed: the kernel OOM killer (no CUDA error, no traceback)
+   r"|^\s*Killed\s*$|\bline \d+:\s+\d+\s+Killed\b")
 rx("sigterm", ("KeyboardInterrupt", "SIGTERM", "signal 15", "Terminated"), r"KeyboardInterrupt: terminated|Received SIGTERM|signal 15|SIGTERM|^Terminated\b")
 rx("weights_progress", ("checkpoint shards:",), r"Loading (?:safetensors|pt|bin) checkpoint shards:\s+(\d+)%")
 rx("weights_start", ("Starting to load model", "Loading weights with", "Loading model from", "checkpoint shards", "Loading model weights"),

@@ -125,3 +125,29 @@ def test_probe_kill_told_by_vllm_itself(tmp_path):
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
     assert result.cause == "probe-killed-during-load"
     assert [c.name for c in result.changes] == ["startupProbe"]
+
+
+def test_a_shell_reporting_killed_after_kv_sizing_is_host_memory(tmp_path):
+    log = ("INFO 01-20 10:00:00 llm_engine.py:275] # GPU blocks: 12453, # CPU blocks: 2730\n"
+           "Killed\n")
+    pod = make_pod(command=["/bin/sh", "-c"], args=["python3 -m vllm.entrypoints.openai.api_server --model m"],
+                   memory="32Gi")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "host-oom-killed"
+    assert changes_of(result) == {("resources", "limits.memory"): ("32Gi", "48Gi")}
+
+
+def test_rays_own_out_of_memory_error_is_host_memory_not_gpu(tmp_path):
+    log = ("ERROR 03-21 17:27:44 [core.py:340] ray.exceptions.OutOfMemoryError: Task was killed due to the node running "
+           "low on memory.\n")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "m"]))))
+    assert result.cause == "host-oom-killed"
+
+
+def test_a_multi_node_ray_cluster_is_not_a_tensor_parallel_mismatch(tmp_path):
+    log = ("2024-03-29 10:00:00,000 INFO worker.py:1567 -- Connecting to existing Ray cluster at address: 10.4.80.151:6379...\n"
+           "WARNING 03-29 10:00:01 ray_utils.py:180] tensor_parallel_size=2 is bigger than a reserved number of GPUs (1 GPUs) "
+           "in a node. Tensor parallel workers can be spread out to 2+ nodes which can degrade the performance.\n")
+    pod = make_pod(args=["--model", "m", "--tensor-parallel-size", "2"], gpus="1")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause is None and result.changes == []
