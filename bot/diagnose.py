@@ -8,6 +8,7 @@ command line before and after (bot.cmdline). No playbook: "no known cause", no c
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import string
@@ -22,6 +23,7 @@ from bot.playbooks import Condition, Playbook, default_playbooks
 from bot.redact import redact
 from bot.signals import Signals, compute
 
+log = logging.getLogger(__name__)
 MAX_EVIDENCE_LINES = 10
 MAX_EVIDENCE_CHARS = 400
 
@@ -132,6 +134,10 @@ def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], s
             except NoSafeChange as exc:
                 reasons.append(str(exc))
                 break
+            except (ArithmeticError, ValueError, TypeError, KeyError) as exc:
+                # a formula meeting numbers it did not expect must not cost the diagnosis: no value
+                log.warning("formula %s failed on %s: %s", spec.value, book.id, exc)
+                result = None
             if result is None and spec.optional:
                 continue
             if result is None or not _within_bounds(result.after, spec.min, spec.max):

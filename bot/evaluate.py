@@ -68,6 +68,7 @@ def pulls(change: Change, lever: Lever) -> bool:
 
 def score_case(folder: Path) -> CaseResult:
     expected = Expected.model_validate(json.loads((folder / "expected.json").read_text()))
+    note = ""
     try:
         result: DiagnosisResult | None = diagnose(load_bundle(folder))
     except BundleError as exc:
@@ -77,7 +78,6 @@ def score_case(folder: Path) -> CaseResult:
     changes = result.changes if result else []
     cause_right = got == expected.cause
     lever = None
-    note = ""
     if expected.cause is not None and expected.levers:  # no levers: the label says no change can work
         lever = any(pulls(c, lv) for c in changes for lv in expected.levers)
         if expected.max_model_len_at_most:
