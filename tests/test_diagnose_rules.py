@@ -151,3 +151,47 @@ def test_a_multi_node_ray_cluster_is_not_a_tensor_parallel_mismatch(tmp_path):
     pod = make_pod(args=["--model", "m", "--tensor-parallel-size", "2"], gpus="1")
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
     assert result.cause is None and result.changes == []
+
+
+def test_a_non_memory_failure_right_after_graph_capture_is_not_cuda_graph_capture(tmp_path):
+    """Custom all-reduce failing once the graphs are captured: the stage alone is no OOM."""
+    log = ("Capturing CUDA graph shapes: 100%|##########| 35/35 [01:17<00:00,  2.20s/it]\n"
+           "2025-04-23T03:35:43.635Z  INFO dynamo_engine_vllm::worker: VLLM: Failed: "
+           "/workspace/csrc/custom_all_reduce.cuh:368 'invalid argument'\n")
+    pod = make_pod(args=["--model", "m", "--tensor-parallel-size", "8"], gpus="8")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-H20", 97871, 8))))
+    assert result.cause is None and result.changes == []
+
+
+def test_a_traceback_cut_inside_capture_model_proposes_nothing(tmp_path):
+    """The exception line fell outside the paste: the stage is known, the cause is not."""
+    log = ("INFO 04-29 01:09:49 [kv_cache_utils.py:634] GPU KV cache size: 198,784 tokens\n"
+           "(VllmWorker rank=1 pid=106) ERROR 04-29 01:10:12 [multiproc_executor.py:470] WorkerProc hit an exception.\n"
+           "(VllmWorker rank=1 pid=106) ERROR 04-29 01:10:12 [multiproc_executor.py:470]   File "
+           "\"/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_worker.py\", line 242, in compile_or_warm_up_model\n"
+           "(VllmWorker rank=1 pid=106) ERROR 04-29 01:10:12 [multiproc_executor.py:470]     self.model_runner.capture_model()\n")
+    pod = make_pod(args=["--model", "m", "--tensor-parallel-size", "4"], gpus="4")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-A10", 23028, 4))))
+    assert result.stage == "graph_capture"
+    assert result.cause is None and result.changes == []
+
+
+def test_a_profile_run_traceback_without_an_oom_line_proposes_nothing(tmp_path):
+    """A dtype error (bf16 on Turing) also dies in profile_run: no profiling-OOM change without the OOM."""
+    log = ("(RayWorkerWrapper pid=1, ip=10.0.0.2) ERROR 02-26 07:57:27 [worker_base.py:340] File "
+           "\"/venv/lib/python3.10/site-packages/vllm/v1/worker/gpu_model_runner.py\", line 5229, in profile_run\n"
+           "(RayWorkerWrapper pid=1, ip=10.0.0.2) ERROR 02-26 07:57:27 [worker_base.py:340] outputs = self.model(\n")
+    pod = make_pod(args=["--model", "m", "--tensor-parallel-size", "4"], gpus="4")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-GeForce-RTX-2080-Ti", 22528, 4))))
+    assert result.cause is None and result.changes == []
+
+
+def test_local_world_size_over_visible_devices_on_a_ray_cluster_is_no_tp_mismatch(tmp_path):
+    """TP 16 over a 2x8 Ray cluster tripping V1's local_world_size assertion: a vLLM bug, not the pod's GPU count."""
+    log = ("(EngineCore_DP0 pid=570282)     assert self.parallel_config.local_world_size <= visible_device_count, (\n"
+           "(EngineCore_DP0 pid=570282) AssertionError: local_world_size (16) must be less than or equal to the number "
+           "of visible devices (8).\n")
+    pod = make_pod(command=["vllm", "serve"],
+                   args=["m", "--tensor-parallel-size", "16", "--distributed-executor-backend", "ray"], gpus="8")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-H100-80GB-HBM3", 81559, 8))))
+    assert result.cause is None and result.changes == []
