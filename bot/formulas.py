@@ -296,6 +296,8 @@ _MULTIMODAL_NAME = re.compile(r"(?i)(?:-vl\b|-vl-|vision|llava|minicpm-v|-v-|qwe
 def _multimodal_profile(ctx: Context) -> bool:
     if any("multi-modal" in line or "multimodal" in line for _, line in ctx.facts.hit_lines[:2000]):
         return True
+    if ctx.cmd.has("--limit-mm-per-prompt"):  # only multimodal models take per-prompt item limits
+        return True
     model = ctx.cmd.model or ctx.signals.get("config_model") or ""
     return bool(_MULTIMODAL_NAME.search(model.rsplit("/", 1)[-1]))
 

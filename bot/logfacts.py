@@ -363,7 +363,11 @@ def _handle(state: _State, name: str, m: re.Match[str], line: str, n: int) -> No
     elif name == "nccl_error":
         state.put("nccl_error", True, line, n)
     elif name == "host_oom":
-        state.put("host_oom", True, line, n)
+        # A shell's bare 'Killed' says only that the process got SIGKILL. With no Python exception
+        # in the log it is the kernel OOM killer; vLLM V1 also SIGKILLs its own front-end after a
+        # worker raised ("Got fatal signal from worker processes"), so signals.compute weighs it.
+        bare = re.fullmatch(r"\s*Killed\s*|line \d+:\s+\d+\s+Killed", m.group(0)) is not None
+        state.put("host_oom_bare" if bare else "host_oom", True, line, n)
     elif name == "sigterm":
         state.put("terminated_by_signal", True, line, n, keep="last")
     elif name == "weights_progress":

@@ -27,7 +27,7 @@ LOG_FACTS = {
     "oom_reserved_unallocated_gib", "oom", "torch_oom_format", "oom_private_pools_gib",
     "oom_this_process_gib", "oom_processes_gib", "cuda_driver_oom", "weights_oom_wrapper",
     "world_size_required", "gpus_visible", "ray_placement_group_short", "heads_not_divisible",
-    "shm_error", "shm_required_mib", "shm_free_mib", "bus_error", "nccl_error", "host_oom",
+    "shm_error", "shm_required_mib", "shm_free_mib", "bus_error", "nccl_error", "host_oom", "host_oom_bare",
     "terminated_by_signal", "traceback_seen", "weights_progress_pct", "engine_ready", "alloc_conf_hint_name",
     "config_model", "config_max_model_len", "config_tensor_parallel_size", "config_pipeline_parallel_size",
     "config_dtype", "config_quantization", "config_enforce_eager", "config_kv_cache_dtype",
@@ -194,10 +194,16 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
             reserved = facts.get("oom_reserved_gib") or 0.0
             others = max(0.0, o_total - o_free - reserved)
         elif facts.get("oom_this_process_gib") is not None:
-            others = sum(procs)
+            # The list names only the processes this container can see; the rest of the used memory
+            # (other containers, other pods on the card) is total - free - this process. A container
+            # can also print 'this process has 0 bytes': PyTorch's own numbers are then the floor.
+            mine = max(facts.get("oom_this_process_gib"),
+                       (facts.get("oom_allocated_gib") or 0.0) + (facts.get("oom_reserved_unallocated_gib") or 0.0))
+            others = max(sum(procs), o_total - o_free - mine)
         elif len(procs) > 1:
             mine = (facts.get("oom_allocated_gib") or 0.0) + (facts.get("oom_reserved_unallocated_gib") or 0.0)
-            own = min(procs, key=lambda p: abs(p - mine))
+            # with the allocation line cut off, vLLM (sized to most of the GPU) is the largest entry
+            own = min(procs, key=lambda p: abs(p - mine)) if mine > 0 else max(procs)
             others = sum(procs) - own
         else:
             others = 0.0  # the only process listed is vLLM itself (container PID namespace)
@@ -265,6 +271,9 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     benign = {"KeyboardInterrupt", "SystemExit", "CancelledError"}
     fatal = [e for e in facts.errors if e.value not in benign]
     s.set("fatal_error", bool(fatal) or bool(s.get("oom_any")), fatal[-1].line if fatal else None)
+    # a bare 'Killed' is the kernel OOM killer only when no Python exception explains the death
+    if s.get("host_oom_bare") and not s.get("host_oom") and not fatal:
+        s.set("host_oom", True, facts.line_of("host_oom_bare"))
     s.set("log_recognised", facts.recognised)
     return s
 

@@ -195,3 +195,54 @@ def test_local_world_size_over_visible_devices_on_a_ray_cluster_is_no_tp_mismatc
                    args=["m", "--tensor-parallel-size", "16", "--distributed-executor-backend", "ray"], gpus="8")
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-H100-80GB-HBM3", 81559, 8))))
     assert result.cause is None and result.changes == []
+
+
+def test_killed_after_a_worker_exception_is_not_host_memory(tmp_path):
+    """vLLM V1 SIGKILLs its own front-end after a worker raised; the shell's 'Killed' is not the OOM killer."""
+    log = ("ERROR 05-19 22:17:53 [core.py:386] RuntimeError: ('Worker failed with error %s, please check the stack "
+           "trace above for the root cause', \"'tuple' object has no attribute 'ndim'\")\n"
+           "CRITICAL 05-19 22:17:53 [core_client.py:359] Got fatal signal from worker processes, shutting down. See "
+           "stack trace above for root cause issue.\n"
+           "Killed\n")
+    pod = make_pod(command=["vllm", "serve"], args=["m", "-tp", "4"], gpus="4")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause is None and result.changes == []
+
+
+def test_limit_mm_per_prompt_marks_a_multimodal_profiling_batch(tmp_path):
+    log = ('[rank0]:   File "/x/vllm/worker/model_runner.py", line 1236, in profile_run\n'
+           "[rank0]: torch.OutOfMemoryError: Error in model execution: CUDA out of memory. Tried to allocate 1.88 GiB. "
+           "GPU 0 has a total capacity of 21.96 GiB of which 1.29 GiB is free. Including non-PyTorch memory, this "
+           "process has 0 bytes memory in use. Of the allocated memory 19.02 GiB is allocated by PyTorch, and 1.32 GiB "
+           "is reserved by PyTorch but unallocated.\n")
+    pod = make_pod(args=["--model", "rhymes-ai/Aria", "--limit-mm-per-prompt", "image=256",
+                         "--tensor-parallel-size", "4"], gpus="4")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "profiling-activation-oom"
+    assert changes_of(result) == {("flag", "--max-num-seqs"): ("256", "128")}
+
+
+def test_memory_held_by_processes_the_container_cannot_see(tmp_path):
+    """'this process has 18.80 GiB' of an 80 GiB card with 176 MiB free: 61 GiB belong to others."""
+    log = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 234.00 MiB. GPU 0 has a total capacty "
+           "of 80 GiB of which 176.38 MiB is free. Process 4683 has 11.05 GiB memory in use. Process 16753 has 1.71 GiB "
+           "memory in use. Including non-PyTorch memory, this process has 18.80 GiB memory in use. Of the allocated "
+           "memory 18.26 GiB is allocated by PyTorch, and 30.10 MiB is reserved by PyTorch but unallocated.\n")
+    pod = make_pod(args=["--model", "Qwen/Qwen-7B-Chat"])
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-A100-SXM4-80GB", 81920, 1))))
+    assert result.cause == "shared-gpu-free-memory"
+    assert changes_of(result) == {("flag", "--gpu-memory-utilization"): ("0.9", "0.23")}
+
+
+def test_process_list_cut_before_vllms_own_allocation(tmp_path):
+    """In a container vLLM is listed as just another PID; with the allocation line cut, it is the largest."""
+    log = ("ERROR 05-21 13:04:20 engine.py:389]   File \"/x/vllm/worker/cache_engine.py\", line 103, in "
+           "_allocate_kv_cache\n"
+           "ERROR 05-21 13:04:20 engine.py:389] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 418.00 MiB. "
+           "GPU 0 has a total capacity of 23.69 GiB of which 193.25 MiB is free. Process 1254 has 730.00 MiB memory in "
+           "use. Process 1348 has 3.70 GiB memory in use. Process 1892152 has 2.96 GiB memory in use. Process 2167142 "
+           "has 14.90 GiB memory in use. Of the allocated memory 14")
+    pod = make_pod(command=["vllm", "serve"], args=["Qwen/Qwen2.5-VL-7B-Instruct-AWQ"])
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "shared-gpu-free-memory"
+    assert changes_of(result) == {("flag", "--gpu-memory-utilization"): ("0.9", "0.66")}
