@@ -487,7 +487,8 @@ def cpu_offload_for_weights(ctx: Context) -> Computed | None:
     util, _ = current_utilization(ctx)
     world = max(1, s.get("world_size") or 1)
     room = util * gpu - 2.0
-    per_gpu = total_w / world
+    # "7B" in a name is 7.2 to 8.3 billion parameters in practice, plus embeddings: 10% more
+    per_gpu = total_w / world * 1.1
     offload = math.ceil(per_gpu - room)
     if offload <= 0 or offload > 0.5 * per_gpu:
         return None  # offloading most of the model is too slow to be a fix
@@ -495,9 +496,10 @@ def cpu_offload_for_weights(ctx: Context) -> Computed | None:
     if limit and offload * world * 2**30 > 0.6 * limit:
         return None
     return Computed(after=str(offload), before=ctx.cmd.get("--cpu-offload-gb"),
-                    arithmetic=f"per GPU the weights are {gib(per_gpu)} but {util} x {gib(gpu)} - 2 GiB for activations and "
-                               f"KV cache = {gib(room)} is left; {per_gpu:.2f} - {room:.2f} = {per_gpu - room:.2f}, rounded up: "
-                               f"offload {offload} GiB per GPU to CPU memory (slower, but it starts).")
+                    arithmetic=f"per GPU the weights are about {gib(per_gpu)} (the name's parameter count + 10%) but "
+                               f"{util} x {gib(gpu)} - 2 GiB for activations and KV cache = {gib(room)} is left; "
+                               f"{per_gpu:.2f} - {room:.2f} = {per_gpu - room:.2f}, rounded up: offload {offload} GiB per GPU "
+                               f"to CPU memory (slower, but it starts).")
 
 
 # ---- host memory, shm, probes, env ------------------------------------------------------
