@@ -144,6 +144,18 @@ def test_rays_own_out_of_memory_error_is_host_memory_not_gpu(tmp_path):
     assert result.cause == "host-oom-killed"
 
 
+def test_the_raylets_memory_pressure_summary_is_host_memory(tmp_path):
+    # Ray's periodic raylet summary, hard-wrapped by a log sink: no "Ray killed this worker" line
+    log = ("(raylet) node_manager.cc:3007: 2 Workers (tasks /\n"
+           " actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: abd4\n"
+           "(raylet) Refer to the documentation on how to address the out of memory issue: https://docs.ray.io/en/latest/"
+           "ray-core/scheduling/ray-oom-prevention.html.\n")
+    pod = make_pod(args=["--model", "m", "--tensor-parallel-size", "4"], gpus="4", memory="32Gi")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "host-oom-killed"
+    assert changes_of(result) == {("resources", "limits.memory"): ("32Gi", "48Gi")}
+
+
 def test_a_multi_node_ray_cluster_is_not_a_tensor_parallel_mismatch(tmp_path):
     log = ("2024-03-29 10:00:00,000 INFO worker.py:1567 -- Connecting to existing Ray cluster at address: 10.4.80.151:6379...\n"
            "WARNING 03-29 10:00:01 ray_utils.py:180] tensor_parallel_size=2 is bigger than a reserved number of GPUs (1 GPUs) "
