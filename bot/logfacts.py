@@ -176,10 +176,12 @@ rx("shm_insufficient", ("Insufficient space in",), r"Insufficient space in (\S+?
 rx("bus_error", ("Bus error", "SIGBUS", "signal 7"), r"Bus error|SIGBUS|signal 7\b")
 # NCCL's "system error" is what a full /dev/shm produces; network or CUDA errors are other causes
 rx("nccl_error", ("ncclSystemError", "unhandled system error"), r"ncclSystemError|unhandled system error")
-rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "of memory: Killed", "oom-kill", "OOMKilled", "MemoryError", "running low on memory", "memory pressure (OOM)", "(SIGKILL)", "SIGKILL", "Killed"),
+rx("host_oom", ("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "of memory: Killed", "oom-kill", "OOMKilled", "MemoryError", "running low on memory", "memory pressure (OOM)", "(SIGKILL)", "SIGKILL", "Killed", "unable to mmap"),
    r"OOM killer|killed by SIGKILL|exceeds the memory usage threshold|Ray killed this worker|[Oo]ut of memory: Killed process|oom-kill|OOMKilled|(?<![\w])MemoryError|node running low on memory"
    # the raylet's periodic summary: "N Workers (tasks / actors) killed due to memory pressure (OOM)"
    r"|killed due to memory pressure \(OOM\)"
+   # torch/safetensors memory-mapping a checkpoint file and the host refusing the pages (ENOMEM)
+   r"|unable to mmap \d+ bytes from file [^\n]*Cannot allocate memory"
    r"|exit(?:ed)? with exit code 137 \(SIGKILL\)|\bSIGKILL\b[^\n]{0,60}\b(?:OOM|out of memory|memory)\b"
    # a shell reporting its child SIGKILLed: the kernel OOM killer (no CUDA error, no traceback)
    r"|^\s*Killed\s*$|\bline \d+:\s+\d+\s+Killed\b")

@@ -258,3 +258,15 @@ def test_process_list_cut_before_vllms_own_allocation(tmp_path):
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
     assert result.cause == "shared-gpu-free-memory"
     assert changes_of(result) == {("flag", "--gpu-memory-utilization"): ("0.9", "0.66")}
+
+
+def test_checkpoint_mmap_refused_by_the_host_is_host_memory(tmp_path):
+    """safetensors mmaps each shard; ENOMEM on that mmap is the host/container RAM, not the GPU."""
+    log = ('ERROR 06-02 09:39:03 [core.py:396]     with safe_open(st_file, framework="pt") as f:\n'
+           "ERROR 06-02 09:39:03 [core.py:396] RuntimeError: unable to mmap 16933256392 bytes from file "
+           "</root/.cache/huggingface/hub/models--Qwen--Qwen3-30B-A3B-GPTQ-Int4/snapshots/9b53/model.safetensors>: "
+           "Cannot allocate memory (12)\n")
+    pod = make_pod(command=["vllm", "serve"], args=["Qwen/Qwen3-30B-A3B-GPTQ-Int4"], memory="16Gi")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "host-oom-killed"
+    assert ("resources", "limits.memory") in changes_of(result)
