@@ -69,8 +69,9 @@ def test_serve_process_takes_an_alert_to_slack(slack, tmp_path):
         assert slack.wait_for(lambda: len(slack.posts()) == 1, 30)
         assert "serve-test" in json.dumps(slack.posts()[0].params["blocks"])
         assert slack.delivered("auth.test"), "readiness asked Slack"
-        status, metrics = get(base + "/metrics")
-        assert status == 200 and "vllm_oncall_incidents_posted_total 1.0" in metrics
+        # the stand-in records the post before the bot has read Slack's answer and counted it
+        assert slack.wait_for(lambda: "vllm_oncall_incidents_posted_total 1.0" in get(base + "/metrics")[1], 30)
+        assert get(base + "/metrics")[0] == 200
         proc.terminate()  # SIGTERM, as Kubernetes sends it
         assert proc.wait(15) == 0
     finally:
