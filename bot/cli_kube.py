@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from bot.render import command_line
+
 
 def _friendly(func):
     """Turn the errors a person can act on (pod gone, permission missing, API error) into one line."""
@@ -51,21 +53,9 @@ def _diagnose(evidence):
 
 
 def _print_report(diagnosis, fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps(diagnosis.to_public_json(), indent=2))
-        return
-    try:
-        from bot.render import render_text
-    except ImportError:
-        print(json.dumps(diagnosis.to_public_json(), indent=2))
-        return
-    print(render_text(diagnosis))
+    from bot.render import render_text
 
-
-def _command_line(argv: list[str]) -> str:
-    import shlex
-
-    return " ".join(shlex.quote(word) for word in argv)
+    print(json.dumps(diagnosis.to_public_json(), indent=2) if fmt == "json" else render_text(diagnosis))
 
 
 def _actor(args: argparse.Namespace) -> str:
@@ -80,12 +70,17 @@ def _split_target(pod: str, namespace: str) -> tuple[str, str]:
     return namespace, pod
 
 
-@_friendly
-def cmd_why(args: argparse.Namespace) -> int:
+def _collect(args: argparse.Namespace):
+    """The cluster, and the evidence of the pod (or newest crashing pod of the workload) named."""
     cluster = _cluster(args)
     namespace, name = _split_target(args.pod, args.namespace)
     pod = cluster.resolve_pod(namespace, name)
-    evidence = cluster.collect(namespace, pod, args.container)
+    return cluster, cluster.collect(namespace, pod, args.container)
+
+
+@_friendly
+def cmd_why(args: argparse.Namespace) -> int:
+    cluster, evidence = _collect(args)
     diagnosis = _diagnose(evidence)
     _print_report(diagnosis, args.format)
     if args.format == "text":
@@ -98,7 +93,7 @@ def cmd_why(args: argparse.Namespace) -> int:
                 print(proposal.workload.repository_hint or "")
                 print(proposal.manifest_diff or "")
         elif diagnosis.changes:
-            print(f"To apply: vllm-oncall apply {namespace}/{pod}")
+            print(f"To apply: vllm-oncall apply {diagnosis.namespace}/{diagnosis.pod}")
     return 0
 
 
@@ -107,10 +102,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from bot.kube.collect import write_bundle
     from bot.kube.workloads import resolve_owner
 
-    cluster = _cluster(args)
-    namespace, name = _split_target(args.pod, args.namespace)
-    pod = cluster.resolve_pod(namespace, name)
-    evidence = cluster.collect(namespace, pod, args.container)
+    cluster, evidence = _collect(args)
     _, workload = resolve_owner(cluster.api, evidence.pod or {}, evidence.container or "")
     for path in write_bundle(evidence, Path(args.output), workload):
         print(path)
@@ -119,10 +111,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 @_friendly
 def cmd_apply(args: argparse.Namespace) -> int:
-    cluster = _cluster(args)
-    namespace, name = _split_target(args.pod, args.namespace)
-    pod = cluster.resolve_pod(namespace, name)
-    evidence = cluster.collect(namespace, pod, args.container)
+    cluster, evidence = _collect(args)
     diagnosis = _diagnose(evidence)
     proposal = cluster.propose(diagnosis, evidence)
     if proposal is None:
@@ -130,8 +119,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return 1
     ref = proposal.workload
     print(f"{ref.kind} {ref.namespace}/{ref.name}, container {ref.container}: {proposal.title}")
-    print("  before: " + _command_line(proposal.command_before))
-    print("  after:  " + _command_line(proposal.command_after))
+    print("  before: " + command_line(proposal.command_before))
+    print("  after:  " + command_line(proposal.command_after))
     if ref.live_patch_blocked:
         print(f"\nNo live patch: {ref.live_patch_blocked}")
         if proposal.workload.repository_hint:

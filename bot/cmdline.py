@@ -109,15 +109,6 @@ class ParsedCommand:
         """The container's command and args as written in the manifest."""
         return list(self.command or []) + list(self.args or [])
 
-    def display(self) -> str:
-        """One line a human reads: how the container starts."""
-        words = list(self.command or []) + list(self.args or [])
-        return " ".join(shlex.quote(w) if self.shell is None else _quote_shell(w) for w in words)
-
-
-def _quote_shell(word: str) -> str:
-    return shlex.quote(word)
-
 
 OPERATOR = "\x00"  # marks separator and redirection words, so a quoted "&" stays an argument
 
@@ -299,7 +290,7 @@ def apply_flag_changes(parsed: ParsedCommand, changes: list[Change]) -> tuple[li
     argv_edits: dict[tuple[str, int], list[str]] = {}
     span_edits: list[tuple[int, int, str]] = []
     appended: list[str] = []
-    q = _quote_shell if parsed.shell else (lambda text: text)
+    q = shlex.quote if parsed.shell else (lambda text: text)
 
     for change in changes:
         if change.kind != "flag":

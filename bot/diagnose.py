@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import logging
 import re
-import shlex
 import string
 from typing import Any, Iterable
 
 from bot import cmdline, render
-from bot.evidence import node_view, pod_view
+from bot.evidence import gpu_summary, node_view, pod_view
 from bot.formulas import FORMULAS, Computed, Context, NoSafeChange
 from bot.logfacts import LogFacts, extract
 from bot.models import BundleError, Change, DiagnosisResult, Evidence
 from bot.playbooks import Condition, Playbook, default_playbooks
 from bot.redact import redact
-from bot.signals import Signals, compute
+from bot.signals import BENIGN_ERRORS, Signals, compute
 
 log = logging.getLogger(__name__)
 MAX_EVIDENCE_LINES = 10
@@ -46,8 +45,8 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         container=container.name if container else None,
         pod=pod.name or None,
         namespace=pod.namespace or None,
-        node=pod.node_name,
-        gpu=_gpu_text(node),
+        node=pod.node_name or node.name,
+        gpu=gpu_summary(node),
         restarts=container.restart_count if container else None,
         command_before=parsed.argv(),
         memory_picture=render.memory_picture(signals),
@@ -93,8 +92,8 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
 
 def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str]) -> bool:
     if cond.log is not None:
-        literal = cond.literal or ""
-        regex = re.compile(cond.log)
+        literal = cond.gate() or ""
+        regex = re.compile(cond.log)  # re caches compiled patterns
         for _, line in facts.hit_lines:
             if literal in line and regex.search(line):
                 matched.append(line)
@@ -206,11 +205,16 @@ def _evidence_lines(book: Playbook, signals: Signals, matched: list[str], facts:
             lines.append(line)
     if not lines and facts.tail:
         lines = [t.strip() for t in facts.tail[-3:]]
+    return _quoted(lines)
+
+
+def _quoted(lines: list[str]) -> list[str]:
+    """Log lines as they may leave the bot: secrets redacted, bounded in number and length."""
     return [redact(line)[:MAX_EVIDENCE_CHARS] for line in lines[:MAX_EVIDENCE_LINES]]
 
 
 def _unknown(facts: LogFacts, signals: Signals, base: dict[str, Any]) -> DiagnosisResult:
-    errors = [e.line for e in facts.errors if e.value not in {"KeyboardInterrupt", "SystemExit"}]
+    errors = [e.line for e in facts.errors if e.value not in BENIGN_ERRORS]
     evidence = list(dict.fromkeys(errors[-3:])) if errors else [t.strip() for t in facts.tail[-5:] if t.strip()]
     if facts.byte_count == 0:
         why = "The previous container's log is empty: the container died before printing anything, or its log was rotated away."
@@ -223,19 +227,8 @@ def _unknown(facts: LogFacts, signals: Signals, base: dict[str, Any]) -> Diagnos
     else:
         why = "No crash cause was found in the log; the last lines are shown below. No change is proposed."
     return DiagnosisResult(cause=None, title="No known cause", explanation=why,
-                           evidence=[redact(e)[:MAX_EVIDENCE_CHARS] for e in evidence][:MAX_EVIDENCE_LINES],
+                           evidence=_quoted(evidence),
                            confidence="low", **base)
-
-
-def _gpu_text(node: Any) -> str | None:
-    if not node.gpu_product and not node.gpu_memory_mib:
-        return None
-    parts = [node.gpu_product or "GPU"]
-    if node.gpu_memory_mib:
-        parts.append(f"{node.gpu_memory_mib / 1024:.0f} GiB")
-    if node.gpu_count:
-        parts.append(f"x{node.gpu_count}")
-    return " ".join(parts)
 
 
 _PUBLIC = ["stage", "engine", "vllm_version", "gpu_total_gib", "weights_gib", "available_kv_gib", "kv_capacity_tokens_effective",
@@ -245,7 +238,3 @@ _PUBLIC = ["stage", "engine", "vllm_version", "gpu_total_gib", "weights_gib", "a
 
 def _public_facts(signals: Signals) -> dict[str, Any]:
     return {k: signals.values[k] for k in _PUBLIC if signals.values.get(k) is not None}
-
-
-def command_text(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

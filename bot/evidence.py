@@ -175,6 +175,15 @@ def node_view(evidence: Evidence) -> NodeView:
     )
 
 
+def gpu_summary(node: NodeView) -> str | None:
+    """"2 x NVIDIA-A100-SXM4-80GB, 80 GiB" from the GPU feature discovery labels, or None."""
+    if not node.gpu_product:
+        return None
+    memory = f", {node.gpu_memory_mib / 1024:.0f} GiB" if node.gpu_memory_mib else ""
+    count = f"{node.gpu_count} x " if node.gpu_count and node.gpu_count > 1 else ""
+    return f"{count}{node.gpu_product}{memory}"
+
+
 _QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": 0.001}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from bot.cmdline import ParsedCommand
-from bot.evidence import format_gib_quantity, parse_quantity
+from bot.evidence import format_gib_quantity, parse_quantity, pick_container
 from bot.logfacts import LogFacts
 from bot.models import NodeView, PodView
 from bot.signals import Signals, gib
@@ -131,7 +131,7 @@ def max_model_len_that_fits(ctx: Context) -> Computed | None:
     elif s.get("kv_capacity_tokens_effective"):
         cap = s.get("kv_capacity_tokens_effective")
         blocks = s.get("gpu_blocks")
-        how = (f"{blocks:,} KV blocks x 16 tokens = {cap:,} tokens" if blocks is not None
+        how = (f"{blocks:,} KV blocks x {cap // blocks} tokens = {cap:,} tokens" if blocks
                else f"the KV cache holds {cap:,} tokens")
     else:
         return None
@@ -196,9 +196,6 @@ def utilization_raise_for_kv(ctx: Context) -> Computed | None:
     total = s.get("total_gpu_gib") or s.get("gpu_total_gib")
     weights, act, non_torch = s.get("weights_gib"), s.get("activation_gib"), s.get("non_torch_gib")
     cap = 0.95
-    if total and weights is not None and act is not None and non_torch is not None and s.get("engine") == "v0" \
-            and act > weights:  # 0.6.4 prints the peak incl. weights
-        act = act - weights
     needed, available = s.get("kv_needed_gib"), s.get("available_kv_gib")
     if total and needed is not None and available is not None and needed > available:
         new = math.ceil((util + (needed - available) / total) * 100) / 100 + 0.01
@@ -515,8 +512,7 @@ def memory_limit_raise(ctx: Context) -> Computed | None:
         return None
     s = ctx.signals
     world = max(1, s.get("world_size") or 1)
-    swap = float(ctx.cmd.get("--swap-space") or 0) if s.get("engine") == "v0" or ctx.cmd.get("--swap-space") else 0.0
-    pinned = (swap + float(ctx.cmd.get("--cpu-offload-gb") or 0)) * world * 2**30
+    pinned = (float(ctx.cmd.get("--swap-space") or 0) + float(ctx.cmd.get("--cpu-offload-gb") or 0)) * world * 2**30
     new = max(current * 1.5, current + pinned)
     new = int(math.ceil(new / (8 * 2**30)) * 8 * 2**30)
     text = f"{container.limits['memory']} x 1.5"
@@ -537,14 +533,13 @@ def memory_limit_raise(ctx: Context) -> Computed | None:
 @formula
 def swap_space_off(ctx: Context) -> Computed | None:
     raw = ctx.cmd.get("--swap-space")
-    if raw is None and ctx.signals.get("engine") == "v0":
+    cpu_blocks = ctx.signals.get("cpu_blocks")
+    if raw is None and ctx.signals.get("engine") == "v0" and cpu_blocks:
         # V0 pins --swap-space 4 GiB of host RAM per worker by default; "# CPU blocks: N" (N > 0) shows it is in use
-        m = re.search(r"# CPU blocks: (\d+)", ctx.signals.lines.get("gpu_blocks") or "")
-        if m and int(m.group(1)) > 0:
-            world = max(1, ctx.signals.get("world_size") or 1)
-            return Computed(after="0", before="4",
-                            arithmetic=f"V0's default --swap-space 4 pins 4 GiB of host RAM per GPU worker ({4 * world} GiB "
-                                       f"for {world}; the log shows {m.group(1)} CPU blocks allocated).")
+        world = max(1, ctx.signals.get("world_size") or 1)
+        return Computed(after="0", before="4",
+                        arithmetic=f"V0's default --swap-space 4 pins 4 GiB of host RAM per GPU worker ({4 * world} GiB "
+                                   f"for {world}; the log shows {cpu_blocks} CPU blocks allocated).")
     if raw is None or float(raw) <= 0:
         return None
     world = max(1, ctx.signals.get("world_size") or 1)
@@ -581,9 +576,9 @@ def shm_size(ctx: Context) -> Computed | None:
 @formula
 def startup_probe_for_load(ctx: Context) -> Computed | None:
     container = ctx.pod.container
-    raw_container = _raw_container(ctx) or {}
     if container is None:
         return None
+    raw_container = pick_container(ctx.raw_pod or {}, container.name) or {}
     startup = raw_container.get("startupProbe") or {}
     if startup and not ctx.signals.get("startup_probe_failed"):
         return None  # a startup probe that did not fail is not what killed it
@@ -614,15 +609,6 @@ def startup_probe_for_load(ctx: Context) -> Computed | None:
     return Computed(after=json.dumps(probe, separators=(",", ":")), before=before,
                     arithmetic=f"{why}; a startupProbe allows {threshold} x {period} s = {window} s (at least 10 minutes) "
                                f"before the liveness probe starts counting.")
-
-
-def _raw_container(ctx: Context) -> dict[str, Any] | None:
-    pod = ctx.raw_pod or {}
-    name = ctx.pod.container.name if ctx.pod.container else None
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        if c.get("name") == name:
-            return c
-    return None
 
 
 @formula

@@ -1,9 +1,10 @@
 """One streaming pass over a vLLM container log: every number and stage vLLM and PyTorch print.
 
 Logs can be 100 MB of request noise around a short start-up. Running every regex on every
-line would take seconds, so the pass works on large byte chunks: `bytes.find` (C speed) looks
-for a small set of literal keywords, and only the lines that hold one are decoded and parsed.
-Playbooks add their own literals (see `bot.playbooks`), so a new cause needs no change here.
+line would take seconds, so the pass works on byte chunks: one Aho-Corasick scan (C speed)
+finds the lines that hold a keyword, and only those are decoded and parsed; a line shape
+repeated many times is parsed once. Each parser declares its keywords ("gates"); playbooks
+add their own literals (see `bot.playbooks`), so a new cause needs no change here.
 
 Formats and version ranges: ../shared/reference/vllm-facts.md and log-formats.md.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,7 +31,7 @@ MAX_LINE_CHARS = 4000
 STAGES = ["startup", "nccl_init", "weights", "profiling", "kv_sizing", "kv_allocation",
           "graph_capture", "warmup", "ready"]
 
-_NUM = r"(\d[\d,]*(?:\.\d+)?)"
+_NUM = r"((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)"  # 230,528 or 1478 (not the comma after it)
 _SIZE = r"([\d.]+)\s*([KMGT]i?B|Gib|bytes|B)"
 
 
@@ -92,18 +92,11 @@ class LogFacts(BaseModel):
 
 
 @dataclass
-class _Pattern:
-    regex: re.Pattern[str]
-    handler: Any
-
-
-@dataclass
 class _State:
     facts: dict[str, Fact] = field(default_factory=dict)
     markers: dict[str, int] = field(default_factory=dict)
     frame_stages: list[str] = field(default_factory=list)
     errors: list[Fact] = field(default_factory=list)
-    own_process_gib: list[float] = field(default_factory=list)
     process_gib: dict[str, float] = field(default_factory=dict)
     recognised: bool = False
 
@@ -140,6 +133,7 @@ rx("v0_profile_total", ("total_gpu_memory (",), r"total_gpu_memory \(([\d.]+)\s*
 rx("v0_profile_parts", ("model weights take",), r"model weights take ([\d.]+)\s*GiB; non_torch_memory takes ([\d.]+)\s*GiB; PyTorch activation peak memory takes ([\d.]+)\s*GiB; the rest of the memory reserved for KV Cache is (-?[\d.]+)\s*GiB")
 rx("v064_profile", ("Memory profiling results",), r"Memory profiling results: total_gpu_memory=([\d.]+)GiB .*?peak_torch_memory=([\d.]+)GiB .*?non_torch_memory=([\d.]+)GiB kv_cache_size=(-?[\d.]+)GiB gpu_memory_utilization=([\d.]+)")
 rx("gpu_blocks", (" blocks: ",), r"# (?:GPU|cuda|CUDA|gpu) blocks: " + _NUM)
+rx("cpu_blocks", ("# CPU blocks: ",), r"# CPU blocks: (\d+)")
 rx("kv_tokens", ("KV cache size:",), r"(?:GPU|CUDA|[A-Z]+) KV cache size: " + _NUM + r" tokens")
 rx("concurrency", ("Maximum concurrency",), r"Maximum concurrency for " + _NUM + r" tokens per request: ([\d.]+)x")
 rx("available_kv", ("Available KV cache memory",), r"Available KV cache memory: (-?[\d.]+) ?GiB")
@@ -200,6 +194,7 @@ rx("frame", ('File "',), r'File "([^"]+)", line \d+, in (\w+)')
 rx("alloc_conf_hint", ("ALLOC_CONF=expandable",), r"(PYTORCH_(?:CUDA_)?ALLOC_CONF)=expandable_segments")
 
 KEYWORDS = sorted({g for _, _, gates in _RX for g in gates})
+PATTERNS = {name: pattern for name, pattern, _ in _RX}  # vLLM's formats, for other readers of logs
 
 # traceback function name -> stage it proves the process was in
 FRAME_STAGES = {
@@ -257,6 +252,8 @@ def _handle(state: _State, name: str, m: re.Match[str], line: str, n: int) -> No
     elif name == "gpu_blocks":
         state.put("gpu_blocks", to_int(g[0]), line, n, keep="min")
         state.mark("kv_sizing", n)
+    elif name == "cpu_blocks":
+        state.put("cpu_blocks", int(g[0]), line, n)
     elif name == "kv_tokens":
         state.put("kv_tokens", to_int(g[0]), line, n, keep="min")
         state.mark("kv_sizing", n)
@@ -509,8 +506,8 @@ def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
     binary = False
     first = True
 
-    def consume(block: bytes, last: bool) -> None:
-        nonlocal line_base, head
+    def consume(block: bytes) -> None:
+        nonlocal line_base
         if not block:
             return
         if len(head) < HEAD_LINES:
@@ -535,7 +532,7 @@ def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
                 if missed and end != -1:
                     # a message wrapped over lines (a terminal or a paste): retry with what follows
                     following = block[end + 1 : end + 1 + 2048].split(b"\n", 2)[:2]
-                    joined = " ".join([text] + [_clean(f)[-1] if _clean(f) else "" for f in following])
+                    joined = " ".join([text] + [(_clean(f) or [""])[-1] for f in following])
                     _parse_line(state, re.sub(r"\s+", " ", joined), line_no + 1, only=missed)
                 (hits if len(hits) < MAX_STORED_HITS else late_hits).append((line_no + 1, text.strip()))
         line_base += block.count(b"\n")
@@ -563,10 +560,10 @@ def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
         if cut == -1:
             carry = data
             continue
-        consume(data[: cut + 1], last=False)
+        consume(data[: cut + 1])
         carry = data[cut + 1 :]
     if not binary and carry:
-        consume(carry + b"\n", last=True)
+        consume(carry + b"\n")
 
     if state.process_gib:
         first_oom = state.facts["oom_tried_gib"]
@@ -604,9 +601,8 @@ def _mostly_binary(sample: bytes) -> bool:
         return exc.start < len(sample) - 4 or control > len(sample) * 0.05
 
 
-_ALL_GATES = sorted({g for _, _, gates in _RX for g in gates})
-_PARSERS_BY_GATE = {g: [i for i, (_, _, gates) in enumerate(_RX) if g in gates] for g in _ALL_GATES}
-_GATE_AUTOMATON = ahocorasick_rs.AhoCorasick(_ALL_GATES) if ahocorasick_rs else None
+_PARSERS_BY_GATE = {g: [i for i, (_, _, gates) in enumerate(_RX) if g in gates] for g in KEYWORDS}
+_GATE_AUTOMATON = ahocorasick_rs.AhoCorasick(KEYWORDS) if ahocorasick_rs else None
 
 
 # messages long enough to be wrapped by a terminal or an issue paste

@@ -65,10 +65,8 @@ class Condition(Strict):
                 re.compile(self.log)
             except re.error as exc:
                 raise ValueError(f"`log` is not a valid regex: {exc}") from None
-            if not (self.literal or longest_literal(self.log)):
+            if not self.gate():
                 raise ValueError("`log` regex has no literal of 4+ characters: add `literal:`")
-            if self.literal and self.literal not in self.log.replace("\\", ""):
-                pass  # a literal may differ in escaping; it only selects lines to keep
         if self.signal is not None:
             from bot.signals import SIGNALS
 
@@ -77,10 +75,14 @@ class Condition(Strict):
                 raise ValueError(f"unknown signal {self.signal!r}{close}")
         return self
 
+    def gate(self) -> str | None:
+        """For a `log` condition: the literal a line must hold before its regex is tried."""
+        return (self.literal or longest_literal(self.log)) if self.log is not None else None
+
     def literals(self) -> list[str]:
         out: list[str] = []
         if self.log is not None:
-            out.append(self.literal or longest_literal(self.log) or "")
+            out.append(self.gate() or "")
         for c in (self.any or []) + (self.all or []):
             out.extend(c.literals())
         if self.not_ is not None:

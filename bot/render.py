@@ -28,9 +28,6 @@ def memory_picture(signals: "Signals") -> str:
         return ""
     weights = signals.get("weights_gib")
     activation = signals.get("activation_gib")
-    if activation is not None and weights is not None and signals.get("engine") == "v0" and activation > weights \
-            and signals.get("budget_gib") is None:
-        activation -= weights  # 0.6.4 prints the peak including weights
     parts = {
         "other processes": signals.get("other_processes_gib") or (
             max(0.0, total - signals.get("free_at_start_gib")) if signals.get("free_at_start_gib") is not None else None),

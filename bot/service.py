@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ConfigDict
 
 from bot.diagnose import diagnose as default_diagnose
-from bot.evidence import node_view, pod_view
+from bot.evidence import gpu_summary, node_view, pod_view
 from bot.incidents import incident_name
 from bot.models import DiagnosisResult, Evidence
 from bot.ports import (ApplyResult, ClusterPort, Incident, IncidentConflict, IncidentExists, IncidentStore,
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 POST_LEASE = timedelta(seconds=60)  # how long one replica may hold the right to post an incident
 HISTORY_LIMIT = 60  # entries kept on the incident object (bounded object size)
 POD_LIMIT = 20  # pod names kept per incident: crash-looping pods get replaced over days
-OPEN_STATES = ("proposed", "diagnosed")
 
 
 def utcnow() -> datetime:
@@ -237,17 +236,12 @@ class OncallService:
         evidence where the core left them empty."""
         diagnosis = self.diagnose(evidence)
         pod, node = pod_view(evidence), node_view(evidence)
-        gpu = diagnosis.gpu
-        if not gpu and node.gpu_product:
-            memory = f", {node.gpu_memory_mib / 1024:.0f} GiB" if node.gpu_memory_mib else ""
-            count = f"{node.gpu_count} x " if node.gpu_count and node.gpu_count > 1 else ""
-            gpu = f"{count}{node.gpu_product}{memory}"
         return diagnosis.model_copy(update={
             "namespace": diagnosis.namespace or pod.namespace or None,
             "pod": diagnosis.pod or pod.name or None,
             "container": diagnosis.container or (pod.container.name if pod.container else None),
             "node": diagnosis.node or pod.node_name or node.name,
-            "gpu": gpu,
+            "gpu": diagnosis.gpu or gpu_summary(node),
             "restarts": diagnosis.restarts if diagnosis.restarts is not None else (
                 pod.container.restart_count if pod.container else None),
         })
@@ -356,8 +350,9 @@ class OncallService:
             # A channel that refuses the bot (e.g. `/vllm why` typed where it is not a member)
             # never will accept it: fall back to the alert channel instead of retrying forever.
             fallback = {"slack_channel": None} if exc.channel_refused and incident.slack_channel else {}
+            reason = str(exc)[:120]
             self._mutate(name, lambda inc: inc.model_copy(update={**fallback, "history": _bounded(
-                inc.history + [f"{iso(self.clock())} post failed: {str(exc)[:120]}"
+                inc.history + [f"{iso(self.clock())} post failed: {reason}"
                                + ("; using the alert channel" if fallback else ""),
                                f"{iso(self.clock())} post-lease released"])}))
             return self._ensure_posted(name, received_at) if fallback else self.store.get(name)

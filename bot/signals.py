@@ -7,19 +7,18 @@ held by other processes, token capacity of the KV cache, ...), so playbooks stay
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from bot.cmdline import ParsedCommand
 from bot.evidence import parse_quantity
-from bot.logfacts import FRAME_ORDER, STAGES, LogFacts
+from bot.logfacts import FRAME_ORDER, LogFacts
 from bot.models import NodeView, PodView
 
 LOG_FACTS = {
     "vllm_version", "weights_gib", "weights_loaded", "total_gpu_gib", "gpu_memory_utilization", "budget_gib",
-    "non_torch_gib", "activation_gib", "available_kv_gib", "gpu_blocks", "kv_tokens", "concurrency_len",
+    "non_torch_gib", "activation_gib", "available_kv_gib", "gpu_blocks", "cpu_blocks", "kv_tokens", "concurrency_len",
     "max_concurrency", "required_len", "kv_capacity_tokens", "kv_needed_gib", "estimated_max_len",
     "no_kv_memory", "autofit_len", "free_at_start_gib", "requested_gib", "free_memory_check_failed",
     "graph_capture_finished", "graph_gib", "graph_capture_seen", "sampler_oom_requests", "sampler_kind",
@@ -70,10 +69,11 @@ DERIVED = {
     "alloc_conf_set": "PYTORCH_(CUDA_)ALLOC_CONF already enables expandable_segments",
     "died_before_ready": "the log never reached 'ready'",
     "memory_limit_bytes": "the container's memory limit",
-    "load_stage": "the log ends while weights load or before (no later stage reached)",
 }
 
 SIGNALS = LOG_FACTS | set(DERIVED)
+# exceptions a process prints when it is told to stop, not because something failed
+BENIGN_ERRORS = {"KeyboardInterrupt", "SystemExit", "CancelledError"}
 
 
 @dataclass
@@ -131,6 +131,10 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     for name, fact in facts.facts.items():
         s.set(name, fact.value, fact.line)
     container = pod.container
+    weights, activation = facts.get("weights_gib"), facts.get("activation_gib")
+    if weights is not None and activation is not None and "Memory profiling results" in (facts.line_of("activation_gib") or ""):
+        # vLLM 0.6.4 prints the torch peak including the weights; later versions print the increase
+        s.set("activation_gib", max(0.0, activation - weights), facts.line_of("activation_gib"))
 
     # -- where it died
     frame_stages = [st for st in facts.frame_stages if not (st == "warmup" and facts.get("engine_ready"))]
@@ -144,8 +148,6 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
         stage = "startup"  # V1 init_device raises the free-memory check before any NCCL set-up
     s.set("stage", stage)
     s.set("died_before_ready", not facts.get("engine_ready"))
-    reached = [st for st in facts.markers if st != "ready"]
-    s.set("load_stage", not reached or all(FRAME_ORDER[st] <= FRAME_ORDER["weights"] for st in reached))
 
     v1 = any(k in facts.facts for k in ("kv_tokens", "free_memory_check_failed", "sampler_oom_requests",
                                          "kv_needed_gib", "estimated_max_len")) or any(
@@ -268,8 +270,7 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     if any(r in {"OOMKilling", "SystemOOM"} or "OOMKilled" in m for r, m in zip(pod.event_reasons, pod.event_messages)):
         s.set("oom_killed", True)
 
-    benign = {"KeyboardInterrupt", "SystemExit", "CancelledError"}
-    fatal = [e for e in facts.errors if e.value not in benign]
+    fatal = [e for e in facts.errors if e.value not in BENIGN_ERRORS]
     s.set("fatal_error", bool(fatal) or bool(s.get("oom_any")), fatal[-1].line if fatal else None)
     # a bare 'Killed' is the kernel OOM killer only when no Python exception explains the death
     if s.get("host_oom_bare") and not s.get("host_oom") and not fatal:
@@ -282,7 +283,3 @@ def gib(value: float | None) -> str:
     if value is None:
         return "?"
     return f"{value:.2f} GiB" if value < 100 else f"{value:.1f} GiB"
-
-
-def floor_to(value: float, step: float) -> float:
-    return math.floor(value / step + 1e-9) * step

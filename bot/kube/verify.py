@@ -9,33 +9,33 @@ StatefulSet, the pods of its update revision.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any, Callable
 
 from bot import changes as ch
 from bot.kube.api import KubeApi
 from bot.kube.collect import age_key, collect, read_head_and_tail
+from bot.logfacts import PATTERNS
 from bot.ports import Verification, WorkloadRef
 
 log = logging.getLogger("bot.kube")
 
-KV_CACHE_LINE = re.compile(
-    r"(?:GPU|[A-Z]+) KV cache size: [\d,]+ tokens|# (?:GPU|cuda) blocks: \d+|Available KV cache memory: [\d.]+ ?GiB")
-CONCURRENCY_LINE = re.compile(r"Maximum concurrency for [\d,]+ tokens per request: [\d.]+x")
 CRASH_REASONS = {"CrashLoopBackOff", "Error", "OOMKilled", "ContainerCannotRun", "StartError",
                  "CreateContainerError", "RunContainerError"}
 
 
 def kv_figures(log_text: str) -> tuple[str | None, str | None]:
-    """vLLM's own KV-cache line(s) and maximum-concurrency line from a log (last occurrence wins)."""
-    kv = [m.group(0) for m in KV_CACHE_LINE.finditer(log_text)]
-    conc = [m.group(0) for m in CONCURRENCY_LINE.finditer(log_text)]
+    """vLLM's own KV-cache line(s) and maximum-concurrency line from a log (last occurrence wins).
+
+    The formats are the diagnosis core's (bot.logfacts): one definition of what vLLM prints.
+    """
+    def last(*names: str) -> str | None:
+        found = [m for name in names for m in PATTERNS[name].finditer(log_text)]
+        return max(found, key=lambda m: m.start()).group(0) if found else None
+
     # Prefer the token count; add the memory line when vLLM printed both.
-    tokens = [k for k in kv if "tokens" in k or "blocks" in k]
-    memory = [k for k in kv if "memory" in k]
-    parts = ([tokens[-1]] if tokens else []) + ([memory[-1]] if memory else [])
-    return ("; ".join(parts) or None), (conc[-1] if conc else None)
+    parts = [p for p in (last("kv_tokens", "gpu_blocks"), last("available_kv")) if p]
+    return ("; ".join(parts) or None), last("concurrency")
 
 
 def selector_string(workload: dict[str, Any]) -> str:

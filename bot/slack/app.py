@@ -8,21 +8,17 @@ payloads into service calls: who may click, and what a click does, is decided in
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
-import yaml
 from slack_bolt import Ack, App
 from slack_sdk import WebClient
 
+from bot.playbooks import PlaybookError, default_playbooks
 from bot.service import MessageRef, OncallService
 from bot.slack.blocks import APPROVE, REJECT, ROLLBACK
 from bot.slack.escape import escape
 
 log = logging.getLogger(__name__)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-PLAYBOOK_DIRS = (REPO_ROOT / "playbooks", REPO_ROOT / "bot" / "playbooks")
 
 HELP = """*`/vllm` — vLLM crash-loop helper* (cluster {cluster})
 • `/vllm why POD` — diagnose a pod (also `NAMESPACE/POD`, or a Deployment/StatefulSet name: its newest crashing pod). Default namespace: `{namespace}`.
@@ -31,43 +27,14 @@ HELP = """*`/vllm` — vLLM crash-loop helper* (cluster {cluster})
 Proposals come with *Approve* / *Reject* buttons; only configured approvers may click them, and each proposal works once and expires."""
 
 
-def playbook_summaries(dirs: tuple[Path, ...] = PLAYBOOK_DIRS) -> list[tuple[str, str, str]]:
-    """(id, title, what it changes) from the playbook YAML files."""
-    out = []
-    for folder in dirs:
-        for path in sorted(folder.glob("*.y*ml")) if folder.is_dir() else []:
-            try:
-                doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            except (OSError, yaml.YAMLError) as exc:
-                log.warning("skipping playbook %s: %s", path, exc)
-                continue
-            if not isinstance(doc, dict):
-                continue
-            out.append((str(doc.get("id", path.stem)), str(doc.get("title", "")), _describe_changes(doc)))
-        if out:
-            break
-    return out
-
-
-def _describe_changes(doc: dict[str, Any]) -> str:
-    """The playbook's own one-line summary, else the names of the settings its fixes change."""
-    if doc.get("summary"):
-        return str(doc["summary"])
-    names: list[str] = []
-    for fix in doc.get("fixes") or []:
-        for change in (fix or {}).get("changes") or [] if isinstance(fix, dict) else []:
-            name = str(change.get("name", "")) if isinstance(change, dict) else str(change)
-            if name and name not in names:
-                names.append(name)
-    return "changes " + ", ".join(names) if names else "no change (diagnosis only)"
-
-
 def playbooks_text() -> str:
-    rows = playbook_summaries()
-    if not rows:
+    try:
+        books = default_playbooks()
+    except PlaybookError as exc:
+        log.warning("playbooks not loaded: %s", exc)
         return "No playbooks are installed."
     lines = ["*Causes the bot recognises* (id: title → what it changes)"]
-    lines += [f"• `{escape(pid)}`: {escape(title)} → {escape(changes)}" for pid, title, changes in rows]
+    lines += [f"• `{escape(b.id)}`: {escape(b.title)} → {escape(b.summary)}" for b in books]
     return "\n".join(lines)
 
 
