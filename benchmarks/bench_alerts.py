@@ -32,7 +32,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the stand-ins live in tests/
 
-from kubernetes import client  # noqa: E402
 
 from bot.incidents import KubeIncidentStore  # noqa: E402
 from bot.kube.api import KubeApi  # noqa: E402
@@ -71,8 +70,9 @@ class World:
             self.pods[name] = names
         api_client = self.kube.api_client()
         retry = RetryPolicy(attempts=3, initial=0.01, maximum=0.05)
-        cluster = LiveCluster(KubeApi(api_client, retry=retry), name="bench")
-        store = KubeIncidentStore(client.CustomObjectsApi(api_client), "vllm-oncall", retry=retry)
+        api = KubeApi(api_client, retry=retry)
+        cluster = LiveCluster(api, name="bench")
+        store = KubeIncidentStore(api, "vllm-oncall")
         chat = SlackChat(make_client("xoxb-bench", self.slack.url), "C0BENCH")
         self.service = OncallService(cluster, store, chat, Policy(approver_users=frozenset({"U0A"})),
                                      metrics=chat.metrics)

@@ -194,30 +194,24 @@ class KubeIncidentStore:
     pruning of nested fields) and a merge patch replaces it whole, so no stale key survives.
     """
 
-    def __init__(self, api: Any, namespace: str, retry: Any = None):
-        from bot.kube.retry import RetryPolicy
-
-        self.api = api  # kubernetes.client.CustomObjectsApi
+    def __init__(self, api: Any, namespace: str):
+        # bot.kube.api.KubeApi: 429/5xx/timeouts retried and counted, 403 named. A retried create
+        # or update that had in fact succeeded comes back as 409, which callers already handle as
+        # "someone else got there first" and re-read.
+        self.api = api
         self.namespace = namespace
-        # 429/5xx/timeouts are retried (and counted) by the Kubernetes side's policy. A retried
-        # create or update that had in fact succeeded comes back as 409, which callers already
-        # handle as "someone else got there first" and re-read.
-        self.retry = retry or RetryPolicy()
 
     @classmethod
     def from_environment(cls, namespace: str, context: str | None = None) -> "KubeIncidentStore":
-        from kubernetes import client
+        from bot.kube.api import KubeApi, api_client_from_environment
 
-        from bot.kube.api import api_client_from_environment
-
-        return cls(client.CustomObjectsApi(api_client_from_environment(context)), namespace)
+        return cls(KubeApi(api_client_from_environment(context)), namespace)
 
     def create(self, incident: Incident) -> Incident:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = self.retry.call("create vllmincidents", self.api.create_namespaced_custom_object, GROUP,
-                                  VERSION, self.namespace, PLURAL, to_custom_object(incident))
+            obj = self.api.create_custom(GROUP, VERSION, self.namespace, PLURAL, to_custom_object(incident))
         except ApiException as exc:
             if exc.status == 409:
                 raise IncidentExists(incident.name) from None
@@ -228,8 +222,7 @@ class KubeIncidentStore:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = self.retry.call("get vllmincidents", self.api.get_namespaced_custom_object, GROUP, VERSION,
-                                  self.namespace, PLURAL, name)
+            obj = self.api.get_custom(GROUP, VERSION, self.namespace, PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -245,8 +238,7 @@ class KubeIncidentStore:
         patch = {"metadata": {"resourceVersion": incident.version, "labels": body["metadata"]["labels"]},
                  "spec": body["spec"]}
         try:
-            obj = self.retry.call("patch vllmincidents", self.api.patch_namespaced_custom_object, GROUP,
-                                  VERSION, self.namespace, PLURAL, incident.name, patch)
+            obj = self.api.patch_custom(GROUP, VERSION, self.namespace, PLURAL, incident.name, patch)
         except ApiException as exc:
             if exc.status in (404, 409):
                 raise IncidentConflict(f"{incident.name}: {exc.reason}") from None
@@ -255,6 +247,5 @@ class KubeIncidentStore:
 
     def list(self, **labels: str) -> list[Incident]:
         selector = ",".join(f"{LABEL_PREFIX}{k}={_selector_value(k, v)}" for k, v in labels.items())
-        result = self.retry.call("list vllmincidents", self.api.list_namespaced_custom_object, GROUP, VERSION,
-                                 self.namespace, PLURAL, label_selector=selector or None)
-        return [from_custom_object(item) for item in result.get("items") or []]
+        items = self.api.list_custom(GROUP, VERSION, self.namespace, PLURAL, label_selector=selector or None)
+        return [from_custom_object(item) for item in items]

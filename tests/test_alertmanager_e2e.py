@@ -21,7 +21,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from bot.incidents import KubeIncidentStore
 from bot.kube.api import KubeApi
@@ -135,8 +134,9 @@ def world(tmp_path):
     pod_b = start_pod(kube, dep, "crashloop", previous_log=EXAMPLE_LOG, suffix="second", restarts=3)
     api_client = kube.api_client()
     retry = RetryPolicy(attempts=3, initial=0.01, maximum=0.05)
-    cluster = LiveCluster(KubeApi(api_client, retry=retry), name="e2e-cluster", poll_seconds=0.1)
-    store = KubeIncidentStore(client.CustomObjectsApi(api_client), "vllm-oncall", retry=retry)
+    api = KubeApi(api_client, retry=retry)
+    cluster = LiveCluster(api, name="e2e-cluster", poll_seconds=0.1)
+    store = KubeIncidentStore(api, "vllm-oncall")
     web = make_client("xoxb-e2e", slack.url)
     chat = SlackChat(web, "C0ALERTS", backoff_seconds=0.01)
     service = OncallService(cluster, store, chat, Policy(approver_users=frozenset({"U0APPROVER"}),

@@ -6,9 +6,9 @@ import threading
 from datetime import datetime, timezone
 
 import pytest
-from kubernetes import client
 
 from bot.incidents import KubeIncidentStore
+from bot.kube.api import KubeApi
 from bot.kube.retry import RetryPolicy
 from bot.ports import Incident, IncidentConflict, IncidentExists
 from kubeapi.server import FakeKube
@@ -32,8 +32,8 @@ def kube():
 
 @pytest.fixture
 def store(kube):
-    return KubeIncidentStore(client.CustomObjectsApi(kube.api_client()), "vllm-oncall",
-                             retry=RetryPolicy(attempts=3, sleep=lambda s: None))
+    return KubeIncidentStore(KubeApi(kube.api_client(), retry=RetryPolicy(attempts=3, sleep=lambda s: None)),
+                             "vllm-oncall")
 
 
 def test_create_get_and_duplicate(store, kube):

@@ -98,7 +98,7 @@ def test_the_slack_sides_incident_store_works_against_the_stand_in(kube_api):  #
     incidents = pytest.importorskip("bot.incidents")
     from bot.ports import Incident, IncidentConflict, IncidentExists
 
-    store = incidents.KubeIncidentStore(client.CustomObjectsApi(kube_api.api_client()), NS)
+    store = incidents.KubeIncidentStore(KubeApi(kube_api.api_client()), NS)
     now = datetime.now(timezone.utc)
     first = store.create(Incident(name="prod-inference-llama-kv", cluster="prod", namespace="inference",
                                   workload="llama", cause="kv-cache-max-model-len", state="proposed",

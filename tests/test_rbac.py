@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client
 
 from bot.kube.api import KubeApi
 from bot.kube.live import LiveCluster
@@ -96,7 +95,7 @@ def test_every_call_the_code_makes_is_required_and_every_required_permission_is_
     if KubeIncidentStore is not None:
         from bot.ports import Incident
 
-        store = KubeIncidentStore(client.CustomObjectsApi(kube_api.api_client()), "vllm-oncall")
+        store = KubeIncidentStore(KubeApi(kube_api.api_client()), "vllm-oncall")
         now = datetime.now(timezone.utc)
         made = store.create(Incident(name="i", cluster="rbac", namespace=NS, workload="llama", cause="kv",
                                      state="proposed", first_seen=now, last_seen=now))

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from bot.kube.errors import KubeError, KubeForbidden
+from bot.kube.errors import KubeForbidden
 from bot.kube.retry import RetryPolicy
 
 log = logging.getLogger("bot.kube")
@@ -159,8 +159,3 @@ class KubeApi:
 def is_conflict(exc: BaseException) -> bool:
     """409 (stale resourceVersion) or 422 with a failed `test` op: someone changed the object."""
     return isinstance(exc, ApiException) and exc.status in (409, 422)
-
-
-def raise_as_kube_error(exc: ApiException, what: str) -> KubeError:
-    return KubeError(f"{what}: {exc.status} {status_message(exc)}", status=exc.status,
-                     reason=getattr(exc, "reason", None))
