@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 POST_LEASE = timedelta(seconds=60)  # how long one replica may hold the right to post an incident
 HISTORY_LIMIT = 60  # entries kept on the incident object (bounded object size)
+ROLLBACK_FROM = ("applied", "verified", "failed")  # states whose change can be rolled back
 POD_LIMIT = 20  # pod names kept per incident: crash-looping pods get replaced over days
 
 
@@ -649,12 +650,12 @@ class OncallService:
                                 f"You are not allowed to roll back changes in cluster {self.cluster.name}.")
         incident = self.store.get(name)
         if incident is None or incident.proposal is None or not _was_applied(incident) or \
-                incident.state not in ("applied", "verified", "failed"):
+                incident.state not in ROLLBACK_FROM:
             state = incident.state if incident else "gone"
             return self._refuse("nothing_to_roll_back", channel, user,
                                 f"Nothing to roll back (the incident is {state}).")
         # Claim the rollback by CAS, so a double click rolls back once.
-        claimed = self._claim(name, ("applied", "verified", "failed"), lambda inc, now: {
+        claimed = self._claim(name, ROLLBACK_FROM, lambda inc, now: {
             "state": "rolled-back", "history": _bounded(inc.history + [f"{iso(now)} rollback by {user}"])})
         if claimed is None:
             return self._someone_else_first(name, clicked, user)
