@@ -33,12 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the stand-ins live in tests/
 
 
-from bot.incidents import KubeIncidentStore  # noqa: E402
+from bot.kube.incidents import KubeIncidentStore
 from bot.kube.api import KubeApi  # noqa: E402
 from bot.kube.live import LiveCluster  # noqa: E402
 from bot.kube.retry import RetryPolicy  # noqa: E402
-from bot.server import BotServer  # noqa: E402
-from bot.service import OncallService, Policy  # noqa: E402
+from bot.http.server import BotServer  # noqa: E402
+from bot.app.service import OncallService, Policy  # noqa: E402
 from bot.slack.chat import SlackChat, make_client  # noqa: E402
 from kubeapi.objects import container, crashing_deployment, start_pod  # noqa: E402
 from kubeapi import server as kubeapi_server  # noqa: E402

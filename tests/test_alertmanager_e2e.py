@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from bot.incidents import KubeIncidentStore
+from bot.kube.incidents import KubeIncidentStore
 from bot.kube.api import KubeApi
 from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
-from bot.server import BotServer
-from bot.service import OncallService, Policy
+from bot.http.server import BotServer
+from bot.app.service import OncallService, Policy
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client
 from kubeapi.objects import container, crashing_deployment, rollout_controller, start_pod

@@ -9,9 +9,9 @@ import textwrap
 import jsonpatch
 import pytest
 
-from bot.changes import (ChangeError, apply_changes, build_json_patch, changed_fields, fields_of, manifest_diff,
+from bot.remedy.changes import (ChangeError, apply_changes, build_json_patch, changed_fields, fields_of, manifest_diff,
                          rewrite_manifest)
-from bot.models import Change
+from bot.diagnosis.models import Change
 
 MAX_LEN = Change(kind="flag", name="--max-model-len", before="32768", after="8192")
 
@@ -202,7 +202,7 @@ def test_rewrite_manifest_without_a_workload_is_an_error():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from bot.kube import plan  # noqa: E402
+from bot.remedy import plan  # noqa: E402
 
 FLAG_SPELLINGS = st.sampled_from(["--max-model-len", "--max_model_len"])
 VALUES = st.integers(min_value=1, max_value=131072).map(str)
@@ -243,7 +243,7 @@ def test_patch_then_rollback_round_trips(c, new_value, shm):
     ops = build_json_patch(before_spec, after_spec, "vllm", resource_version="7")
     patched = jsonpatch.apply_patch(workload, ops)
     assert patched["spec"]["template"]["spec"] == after_spec
-    from bot.cmdline import parse
+    from bot.diagnosis.cmdline import parse
 
     vllm_after = after_spec["containers"][1]
     assert parse(vllm_after.get("command"), vllm_after.get("args")).get("--max-model-len") == new_value

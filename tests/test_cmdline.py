@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bot.cmdline import apply_flag_changes, canonical, is_boolean, parse
-from bot.models import Change
+from bot.diagnosis.cmdline import apply_flag_changes, canonical, is_boolean, parse
+from bot.diagnosis.models import Change
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot.evaluate import evaluate
+from bot.diagnosis.evaluate import evaluate
 
 
 def test_corpus_accuracy(corpus_dir):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.diagnose import diagnose
-from bot.models import Evidence, LogText
+from bot.diagnosis.diagnose import diagnose
+from bot.diagnosis.models import Evidence, LogText
 
 from conftest import make_node, make_pod
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bot.diagnose import diagnose
-from bot.evidence import load_bundle
+from bot.diagnosis.diagnose import diagnose
+from bot.diagnosis.evidence import load_bundle
 
 from conftest import make_node, make_pod, write_bundle
 

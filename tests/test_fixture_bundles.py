@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.evaluate import score_case
+from bot.diagnosis.evaluate import score_case
 
 from conftest import FIXTURE_BUNDLES
 

@@ -8,8 +8,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from bot.incidents import FolderIncidentStore, from_custom_object, incident_labels, incident_name, to_custom_object
-from bot.ports import Incident, IncidentConflict, IncidentExists
+from bot.local.store import FolderIncidentStore
+from bot.kube.incidents import from_custom_object, to_custom_object
+from bot.app.incidents import incident_labels, incident_name
+from bot.app.records import Incident
+from bot.app.ports import IncidentConflict, IncidentExists
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)

@@ -7,10 +7,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from bot.incidents import KubeIncidentStore
+from bot.kube.incidents import KubeIncidentStore
 from bot.kube.api import KubeApi
 from bot.kube.retry import RetryPolicy
-from bot.ports import Incident, IncidentConflict, IncidentExists
+from bot.app.records import Incident
+from bot.app.ports import IncidentConflict, IncidentExists
 from kubeapi.server import FakeKube
 
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)

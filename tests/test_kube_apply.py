@@ -10,10 +10,10 @@ import pytest
 from bot.kube.api import KubeApi
 from bot.kube.errors import KubeForbidden
 from bot.kube.live import LiveCluster
-from bot.kube.plan import AUDIT_ANNOTATION, AUDIT_MAX_BYTES, AUDIT_MAX_RECORDS
+from bot.remedy.plan import AUDIT_ANNOTATION, AUDIT_MAX_BYTES, AUDIT_MAX_RECORDS
 from bot.kube.retry import RetryPolicy
-from bot.models import Change, DiagnosisResult
-from bot.playbooks import Playbook
+from bot.diagnosis.models import Change, DiagnosisResult
+from bot.diagnosis.playbooks import Playbook
 from kubeapi import kube_api  # noqa: F401  (fixture)
 from kubeapi.objects import container, crashing_deployment, deployment, start_pod
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from bot.cli import main
-from bot.evidence import load_bundle
+from bot.diagnosis.evidence import load_bundle
 from kubeapi import kube_api  # noqa: F401  (fixture)
 from kubeapi.objects import container, crashing_deployment
 
@@ -128,7 +128,7 @@ MANIFEST = textwrap.dedent("""\
 
 
 def test_fix_rewrites_the_manifest_in_place_keeping_comments_and_layout(tmp_path, capsys, crash_log):
-    from bot.diagnose import diagnose
+    from bot.diagnosis.diagnose import diagnose
 
     expected_change = next(c for c in diagnose(load_bundle(EXAMPLE)).changes if c.kind == "flag")
     manifest = tmp_path / "llama.yaml"

@@ -194,7 +194,7 @@ def test_connection_refused_is_retried_then_raised(sleeps):
 def test_collected_evidence_diagnoses_end_to_end(kube_api, cluster):  # noqa: F811
     from pathlib import Path
 
-    from bot.diagnose import diagnose
+    from bot.diagnosis.diagnose import diagnose
 
     log = Path(__file__).resolve().parents[1] / "examples" / "incident" / "bundle" / "previous.log"
     if not log.is_file():

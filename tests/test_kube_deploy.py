@@ -78,13 +78,13 @@ def test_incident_objects_validate_against_the_crd_schema(objects):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**sample, "spec": {**sample["spec"], "state": "exploded"}}, schema)
 
-    incidents = pytest.importorskip("bot.incidents")
-    from bot.ports import Incident
+    from bot.app.records import Incident
+    from bot.kube.incidents import to_custom_object
 
     now = datetime.now(timezone.utc)
     for state in ("proposed", "approved", "rolled-back", "resolved"):
-        obj = incidents.to_custom_object(Incident(name="n", cluster="c", namespace="ns", workload="w",
-                                                  cause=None, state=state, first_seen=now, last_seen=now))
+        obj = to_custom_object(Incident(name="n", cluster="c", namespace="ns", workload="w",
+                                       cause=None, state=state, first_seen=now, last_seen=now))
         assert obj["kind"] == "VLLMIncident" and obj["apiVersion"] == "oncall.vllm.ai/v1"
         jsonschema.validate(obj, schema)
 

@@ -94,11 +94,12 @@ def test_list_by_label(api):
 
 
 def test_the_slack_sides_incident_store_works_against_the_stand_in(kube_api):  # noqa: F811
-    """bot.incidents.KubeIncidentStore (the Slack side's store) through the real client."""
-    incidents = pytest.importorskip("bot.incidents")
-    from bot.ports import Incident, IncidentConflict, IncidentExists
+    """bot.kube.incidents.KubeIncidentStore (the Slack side's store) through the real client."""
+    from bot.app.records import Incident
+    from bot.app.ports import IncidentConflict, IncidentExists
+    from bot.kube.incidents import KubeIncidentStore
 
-    store = incidents.KubeIncidentStore(KubeApi(kube_api.api_client()), NS)
+    store = KubeIncidentStore(KubeApi(kube_api.api_client()), NS)
     now = datetime.now(timezone.utc)
     first = store.create(Incident(name="prod-inference-llama-kv", cluster="prod", namespace="inference",
                                   workload="llama", cause="kv-cache-max-model-len", state="proposed",

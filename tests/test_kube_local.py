@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot.kube.local import LocalCluster
-from bot.kube.plan import AUDIT_ANNOTATION
-from bot.models import Change, DiagnosisResult
-from bot.ports import PodNotFound
+from bot.local.cluster import LocalCluster
+from bot.remedy.plan import AUDIT_ANNOTATION
+from bot.diagnosis.models import Change, DiagnosisResult
+from bot.app.ports import PodNotFound
 from kubeapi.objects import container, deployment
 
 NS = "inference"
@@ -113,7 +113,7 @@ def test_unknown_pod_names_close_matches(local):
 
 
 def test_the_bundled_example_incident_runs_end_to_end(tmp_path):
-    from bot.diagnose import diagnose
+    from bot.diagnosis.diagnose import diagnose
 
     bundle = Path(__file__).resolve().parents[1] / "examples" / "incident" / "bundle"
     if not bundle.is_dir():

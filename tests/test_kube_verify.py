@@ -11,7 +11,7 @@ from bot.kube.api import KubeApi
 from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
 from bot.kube.verify import kv_figures
-from bot.models import Change, DiagnosisResult
+from bot.diagnosis.models import Change, DiagnosisResult
 from kubeapi import kube_api  # noqa: F401  (fixture)
 from kubeapi.objects import container, crashing_deployment, rollout_controller
 

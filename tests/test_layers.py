@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 BOT = Path(__file__).resolve().parents[1] / "bot"
-CORE = ["models", "evidence", "logfacts", "signals", "playbooks", "formulas", "diagnose", "cmdline", "render",
-        "redact", "evaluate", "changes"]
-OUTSIDE = ("bot.kube", "bot.slack", "bot.server", "bot.service", "bot.incidents", "bot.cli", "bot.settings",
-           "kubernetes", "slack_bolt", "slack_sdk", "openai", "bot.llm")
+CORE = sorted(str(p.relative_to(BOT).with_suffix("")) for p in [*(BOT / "diagnosis").glob("*.py"),
+                                                                  *(BOT / "remedy").glob("*.py")])
+OUTSIDE = ("bot.kube", "bot.slack", "bot.http", "bot.app", "bot.cli", "bot.local", "bot.llm",
+           "kubernetes", "slack_bolt", "slack_sdk", "openai")
 
 
 def imports_of(path: Path) -> set[str]:

@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bot.llm import LLMSettings, explain
-from bot.models import Change, DiagnosisResult
+from bot.llm.wording import LLMSettings, explain
+from bot.diagnosis.models import Change, DiagnosisResult
 
 DIAGNOSIS = DiagnosisResult(
     cause="kv-cache-max-model-len", title="The KV cache cannot hold one request of --max-model-len tokens",
@@ -82,8 +82,8 @@ def test_nothing_is_sent_without_settings():
 
 @pytest.mark.parametrize("stand_in", [("The context does not fit: serve 18,432 tokens.",)], indirect=True)
 def test_wording_is_appended_to_the_playbook_explanation(stand_in, tmp_path):
-    from bot.evidence import load_log
-    from bot.llm import with_llm_wording
+    from bot.diagnosis.evidence import load_log
+    from bot.llm.wording import with_llm_wording
 
     log = tmp_path / "x.log"
     log.write_text("ValueError: To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bot.logfacts import extract
-from bot.models import LogText
+from bot.diagnosis.logfacts import extract
+from bot.diagnosis.models import LogText
 
 
 def facts_of(text: str):

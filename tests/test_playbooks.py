@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.playbooks import DEFAULT_DIR, PlaybookError, load_dir, load_file, longest_literal
+from bot.diagnosis.playbooks import DEFAULT_DIR, PlaybookError, load_dir, load_file, longest_literal
 
 from conftest import FIXTURE_BUNDLES
 
@@ -91,8 +91,8 @@ def test_broken_yaml_names_the_file(tmp_path):
 
 def test_a_new_cause_needs_only_a_yaml_file(tmp_path):
     """Drop a playbook in a folder: its literal is scanned for, it matches, its change is computed."""
-    from bot.diagnose import diagnose
-    from bot.evidence import load_log
+    from bot.diagnosis.diagnose import diagnose
+    from bot.diagnosis.evidence import load_log
 
     folder = tmp_path / "books"
     shutil.copytree(DEFAULT_DIR, folder)

@@ -17,7 +17,7 @@ from bot.kube.api import KubeApi
 from bot.kube.live import LiveCluster
 from bot.kube.rbac import REQUIRED, required_set
 from bot.kube.retry import RetryPolicy
-from bot.models import Change, DiagnosisResult
+from bot.diagnosis.models import Change, DiagnosisResult
 from kubeapi import kube_api  # noqa: F401  (fixture)
 from kubeapi.objects import container, crashing_deployment, deployment, rollout_controller, start_pod
 
@@ -89,11 +89,11 @@ def test_every_call_the_code_makes_is_required_and_every_required_permission_is_
 
     # The incident store the Slack side uses (bot/incidents.py), when it is there.
     try:
-        from bot.incidents import KubeIncidentStore
+        from bot.kube.incidents import KubeIncidentStore
     except ImportError:
         KubeIncidentStore = None
     if KubeIncidentStore is not None:
-        from bot.ports import Incident
+        from bot.app.records import Incident
 
         store = KubeIncidentStore(KubeApi(kube_api.api_client()), "vllm-oncall")
         now = datetime.now(timezone.utc)

@@ -1,4 +1,4 @@
-from bot.redact import redact
+from bot.diagnosis.redact import redact
 
 
 def test_secrets_are_removed_from_log_lines():

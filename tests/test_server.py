@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.incidents import FolderIncidentStore
-from bot.server import BotServer
-from bot.service import OncallService, Policy
+from bot.local.store import FolderIncidentStore
+from bot.http.server import BotServer
+from bot.app.service import OncallService, Policy
 from bot.slack.chat import SlackChat, make_client
 from slackapi import SlackStandIn
 from slackapi.fake_cluster import FakeCluster, kv_diagnosis

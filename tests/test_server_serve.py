@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.cli_serve import build_server
-from bot.settings import load_settings
+from bot.cli.serve import build_server
+from bot.cli.settings import load_settings
 from slackapi import SlackStandIn
 
 ROOT = Path(__file__).resolve().parents[1]

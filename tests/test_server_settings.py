@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bot.settings import SettingsError, load_settings
+from bot.cli.settings import SettingsError, load_settings
 
 GOOD = {"VLLM_ONCALL_CLUSTER": "prod-eu", "SLACK_BOT_TOKEN": "xoxb-1-2-abc", "SLACK_SIGNING_SECRET": "s",
         "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0AAA, U0BBB"}

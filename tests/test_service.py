@@ -7,10 +7,12 @@ from datetime import timedelta
 
 import pytest
 
-from bot.incidents import FolderIncidentStore
-from bot.models import DiagnosisResult
-from bot.ports import ApplyResult, Verification
-from bot.service import AlertTarget, ChatUnavailable, MessageRef, Note, OncallService, Policy
+from bot.local.store import FolderIncidentStore
+from bot.diagnosis.models import DiagnosisResult
+from bot.app.records import ApplyResult, Verification
+from bot.app.records import AlertTarget, MessageRef, Note
+from bot.app.ports import ChatUnavailable
+from bot.app.service import OncallService, Policy
 from slackapi.fake_cluster import FakeCluster, kv_diagnosis
 
 NS, DEPLOY = "inference", "vllm-llama3-8b"

@@ -18,9 +18,10 @@ import pytest
 from slack_bolt.request import BoltRequest
 from slack_sdk.signature import SignatureVerifier
 
-from bot.incidents import FolderIncidentStore
-from bot.server import BotServer
-from bot.service import AlertTarget, OncallService, Policy
+from bot.local.store import FolderIncidentStore
+from bot.http.server import BotServer
+from bot.app.records import AlertTarget
+from bot.app.service import OncallService, Policy
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client
 from slackapi import SlackStandIn
@@ -202,7 +203,7 @@ def test_reject(bot, slack):
 
 
 def test_rollback_button_after_a_new_crash(bot, slack):
-    from bot.ports import Verification
+    from bot.app.records import Verification
 
     bot.cluster.verification = Verification(outcome="crashed", pod="new-pod", message="exit code 1",
                                             diagnosis=kv_diagnosis())

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
-from bot.models import Change, DiagnosisResult
-from bot.ports import Incident, Proposal, WorkloadRef
+from bot.diagnosis.models import Change, DiagnosisResult
+from bot.app.records import Incident
+from bot.remedy.models import Proposal, WorkloadRef
 from bot.slack.blocks import blocks_to_text, incident_message, note_message
 from bot.slack.escape import code_block, escape
 

@@ -1,9 +1,12 @@
 """The Kubernetes side: the only code that talks to the Kubernetes API.
 
-Entry points for callers (the Slack side, the terminal):
+May import: `bot.app` (the ports it implements and their records), `bot.remedy`,
+`bot.diagnosis`, the `kubernetes` client. Never `bot.slack`, `bot.http`, `bot.cli`.
+
+Entry points for callers (the command line wires them):
 - `LiveCluster(KubeApi(api_client), name=...)` or `LiveCluster.from_environment(name, context)`:
   ClusterPort on a real cluster (resolve_pod, collect, workload_for, propose, apply, rollback, verify).
-- `LocalCluster(bundle_dir, state_dir, name="local")`: ClusterPort from files, no cluster.
+- `KubeIncidentStore`: IncidentStore as VLLMIncident custom resources (bot.kube.incidents).
 - `retry_count()` / `on_retry(callback)`: Kubernetes API retries, for `kube_retries_total`.
 - `REQUIRED` (bot.kube.rbac): every permission the code uses.
 """

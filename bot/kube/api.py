@@ -121,6 +121,15 @@ class KubeApi:
         obj.setdefault("apiVersion", "apps/v1")
         return obj
 
+    def find_workload(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """get_workload, or None when there is no such object."""
+        try:
+            return self.get_workload(kind, namespace, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def list_replicasets(self, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
         return self._call("list", "replicasets.apps", namespace, self.apps.list_namespaced_replica_set,
                           namespace, label_selector=label_selector)["items"]

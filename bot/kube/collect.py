@@ -24,10 +24,10 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from bot.evidence import pick_container
+from bot.diagnosis.evidence import pick_container
 from bot.kube.api import KubeApi, status_message
 from bot.kube.errors import KubeForbidden, PodGone
-from bot.models import Evidence, LogText
+from bot.diagnosis.models import Evidence, LogText
 
 log = logging.getLogger("bot.kube")
 

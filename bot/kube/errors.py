@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot.ports import PodNotFound
+from bot.app.ports import PodNotFound
 
 
 class KubeError(RuntimeError):

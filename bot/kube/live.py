@@ -9,16 +9,17 @@ from typing import Any, Callable
 
 from kubernetes.client.exceptions import ApiException
 
-from bot import changes as ch
-from bot.kube import plan
+from bot.remedy import changes as ch
+from bot.remedy import plan
 from bot.kube.api import KubeApi, api_client_from_environment, is_conflict, status_message
 from bot.kube.collect import HEAD_BYTES, TAIL_LINES, age_key, collect, get_pod_or_suggest
 from bot.kube.errors import PodGone
 from bot.kube.retry import RetryPolicy
 from bot.kube.verify import follow_rollout, pod_state, selector_string
-from bot.kube.workloads import resolve_owner
-from bot.models import DiagnosisResult, Evidence
-from bot.ports import ApplyResult, Proposal, Verification, WorkloadRef
+from bot.remedy.ownership import resolve_owner
+from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.app.records import ApplyResult, Verification
+from bot.remedy.models import Proposal, WorkloadRef
 
 log = logging.getLogger("bot.kube")
 

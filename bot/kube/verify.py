@@ -12,11 +12,12 @@ import logging
 import time
 from typing import Any, Callable
 
-from bot import changes as ch
+from bot.remedy import changes as ch
 from bot.kube.api import KubeApi
 from bot.kube.collect import age_key, collect, read_head_and_tail
-from bot.logfacts import PATTERNS
-from bot.ports import Verification, WorkloadRef
+from bot.diagnosis.logfacts import PATTERNS
+from bot.app.records import Verification
+from bot.remedy.models import WorkloadRef
 
 log = logging.getLogger("bot.kube")
 
@@ -158,7 +159,7 @@ def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, poll_
             if state == "crashed":
                 evidence = collect(api, ref.namespace, name, ref.container)
                 if diagnose is None:
-                    from bot.diagnose import diagnose
+                    from bot.diagnosis.diagnose import diagnose
                 result = diagnose(evidence)
                 return Verification(outcome="crashed", pod=name, diagnosis=result,
                                     message=f"new pod {name}{where} crashed again: {result.title}")

@@ -13,8 +13,9 @@ from typing import Any
 from slack_bolt import Ack, App
 from slack_sdk import WebClient
 
-from bot.playbooks import PlaybookError, default_playbooks
-from bot.service import MessageRef, OncallService
+from bot.diagnosis.playbooks import PlaybookError, default_playbooks
+from bot.app.records import MessageRef
+from bot.app.service import OncallService
 from bot.slack.blocks import APPROVE, REJECT, ROLLBACK
 from bot.slack.escape import escape
 

@@ -11,8 +11,9 @@ import shlex
 from datetime import datetime
 from typing import Any
 
-from bot.models import DiagnosisResult
-from bot.ports import Incident, Proposal
+from bot.diagnosis.models import DiagnosisResult
+from bot.app.records import Incident
+from bot.remedy.models import Proposal
 from bot.slack.escape import code_block, escape, inline_code
 
 APPROVE, REJECT, ROLLBACK = "vllm_approve", "vllm_reject", "vllm_rollback"

@@ -20,8 +20,10 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
-from bot.ports import Incident
-from bot.service import ChatUnavailable, MessageRef, Metrics, Note
+from bot.app.records import Incident
+from bot.app.ports import ChatUnavailable
+from bot.app.records import MessageRef, Note
+from bot.app.metrics import Metrics
 from bot.slack.blocks import incident_message, note_message
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,11 @@ import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from bot.evidence import load_bundle
-from bot.models import Change, DiagnosisResult, Evidence
-from bot.ports import ApplyResult, PodNotFound, Proposal, Verification, WorkloadRef
+from bot.diagnosis.evidence import load_bundle
+from bot.diagnosis.models import Change, DiagnosisResult, Evidence
+from bot.app.records import ApplyResult, Verification
+from bot.app.ports import PodNotFound
+from bot.remedy.models import Proposal, WorkloadRef
 
 BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from bot.models import BundleError, ContainerView, Evidence, LogText, NodeView, PodView
+from bot.diagnosis.models import BundleError, ContainerView, Evidence, LogText, NodeView, PodView
 
 LOG_NAMES = ("previous.log", "previous.txt", "log.txt")
 

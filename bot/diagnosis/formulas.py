@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from bot.cmdline import ParsedCommand
-from bot.evidence import format_gib_quantity, parse_quantity, pick_container
-from bot.logfacts import LogFacts
-from bot.models import NodeView, PodView
-from bot.signals import Signals, gib
+from bot.diagnosis.cmdline import ParsedCommand
+from bot.diagnosis.evidence import format_gib_quantity, parse_quantity, pick_container
+from bot.diagnosis.logfacts import LogFacts
+from bot.diagnosis.models import NodeView, PodView
+from bot.diagnosis.signals import Signals, gib
 
 
 @dataclass

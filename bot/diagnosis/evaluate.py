@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from bot.diagnose import diagnose
-from bot.evidence import load_bundle
-from bot.models import BundleError, Change, DiagnosisResult
+from bot.diagnosis.diagnose import diagnose
+from bot.diagnosis.evidence import load_bundle
+from bot.diagnosis.models import BundleError, Change, DiagnosisResult
 
 
 class Lever(BaseModel):

@@ -7,18 +7,17 @@ that Argo CD, Flux or Helm manages is not patched live either: self-heal/reconci
 `helm upgrade`) reverts it, so the change belongs in the repository; `repository_hint` says which
 value to change there.
 
-The functions that read labels are pure; `resolve_owner` reads the owners through KubeApi.
+Pure: `resolve_owner` reads the owners through a `WorkloadReader` the caller passes (the live
+API, or nothing at all for files on disk).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from kubernetes.client.exceptions import ApiException
-
-from bot import cmdline
-from bot.models import Change
-from bot.ports import WorkloadRef
+from bot.diagnosis import cmdline
+from bot.diagnosis.models import Change
+from bot.remedy.models import WorkloadRef
 
 PATCHABLE = ("Deployment", "StatefulSet")
 
@@ -118,16 +117,16 @@ def _human(ch: Change) -> str:
     return f"{label}{sep}{ch.name}: {ch.after if ch.after is not None else '(remove)'} (was {ch.before})"
 
 
-def _fetch(api: Any, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        return api.get_workload(kind, namespace, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+class WorkloadReader(Protocol):
+    def find_workload(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is no such object."""
 
 
-def resolve_owner(api: Any, pod: dict[str, Any], container: str) -> tuple[WorkloadRef, dict[str, Any]]:
+def _fetch(api: WorkloadReader, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    return api.find_workload(kind, namespace, name)
+
+
+def resolve_owner(api: WorkloadReader, pod: dict[str, Any], container: str) -> tuple[WorkloadRef, dict[str, Any]]:
     """The workload a fix would be applied to, and its object (the pod itself when there is none)."""
     meta = pod.get("metadata") or {}
     namespace = meta.get("namespace", "")

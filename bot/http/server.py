@@ -20,7 +20,9 @@ from urllib.parse import urlparse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from bot.service import AlertTarget, Metrics, OncallService
+from bot.app.records import AlertTarget
+from bot.app.metrics import Metrics
+from bot.app.service import OncallService
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 * 1024 * 1024

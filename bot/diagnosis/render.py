@@ -7,8 +7,8 @@ import shlex
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bot.models import DiagnosisResult
-    from bot.signals import Signals
+    from bot.diagnosis.models import DiagnosisResult
+    from bot.diagnosis.signals import Signals
 
 BAR_WIDTH = 48
 SEGMENTS = [  # (label, bar character)

@@ -20,12 +20,14 @@ from typing import Any
 import jsonpatch
 import yaml
 
-from bot import changes as ch
-from bot.evidence import load_bundle
-from bot.kube import plan
-from bot.kube.workloads import PATCHABLE, controller_of, foreign_controller_ref, resolve_owner, with_gitops
-from bot.models import DiagnosisResult, Evidence
-from bot.ports import ApplyResult, PodNotFound, Proposal, Verification, WorkloadRef
+from bot.remedy import changes as ch
+from bot.diagnosis.evidence import load_bundle
+from bot.remedy import plan
+from bot.remedy.ownership import PATCHABLE, controller_of, foreign_controller_ref, resolve_owner, with_gitops
+from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.app.records import ApplyResult, Verification
+from bot.app.ports import PodNotFound
+from bot.remedy.models import Proposal, WorkloadRef
 
 MANIFEST_NAMES = ("deployment.yaml", "statefulset.yaml", "workload.yaml", "manifest.yaml")
 
@@ -33,7 +35,7 @@ MANIFEST_NAMES = ("deployment.yaml", "statefulset.yaml", "workload.yaml", "manif
 class _NoOwnersOnDisk:
     """resolve_owner's API for a bare Pod/Job/foreign owner: those need no lookup."""
 
-    def get_workload(self, kind: str, namespace: str, name: str) -> None:
+    def find_workload(self, kind: str, namespace: str, name: str) -> None:
         return None
 
 

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from bot.render import command_line
+from bot.diagnosis.render import command_line
 
 
 def _friendly(func):
@@ -24,7 +24,7 @@ def _friendly(func):
 
         from bot.kube.api import status_message
         from bot.kube.errors import KubeError
-        from bot.ports import PodNotFound
+        from bot.app.ports import PodNotFound
 
         try:
             return func(args)
@@ -47,13 +47,13 @@ def _cluster(args: argparse.Namespace):
 
 
 def _diagnose(evidence):
-    from bot.diagnose import diagnose
+    from bot.diagnosis.diagnose import diagnose
 
     return diagnose(evidence)
 
 
 def _print_report(diagnosis, fmt: str) -> None:
-    from bot.render import render_text
+    from bot.diagnosis.render import render_text
 
     print(json.dumps(diagnosis.to_public_json(), indent=2) if fmt == "json" else render_text(diagnosis))
 
@@ -100,7 +100,7 @@ def cmd_why(args: argparse.Namespace) -> int:
 @_friendly
 def cmd_collect(args: argparse.Namespace) -> int:
     from bot.kube.collect import write_bundle
-    from bot.kube.workloads import resolve_owner
+    from bot.remedy.ownership import resolve_owner
 
     cluster, evidence = _collect(args)
     _, workload = resolve_owner(cluster.api, evidence.pod or {}, evidence.container or "")
@@ -161,8 +161,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
-    from bot.changes import rewrite_manifest
-    from bot.evidence import load_bundle
+    from bot.remedy.changes import rewrite_manifest
+    from bot.diagnosis.evidence import load_bundle
 
     evidence = load_bundle(args.bundle)
     diagnosis = _diagnose(evidence)

@@ -16,17 +16,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Protocol
+from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import BaseModel, ConfigDict
-
-from bot.diagnose import diagnose as default_diagnose
-from bot.evidence import gpu_summary, node_view, pod_view
-from bot.incidents import incident_name
-from bot.models import DiagnosisResult, Evidence
-from bot.ports import (ApplyResult, ClusterPort, Incident, IncidentConflict, IncidentExists, IncidentStore,
-                       PodNotFound, Proposal, WorkloadRef)
+from bot.app.incidents import incident_name
+from bot.app.metrics import Metrics
+from bot.app.ports import (ChatPort, ChatUnavailable, ClusterPort, IncidentConflict, IncidentExists, IncidentStore,
+                           PodNotFound)
+from bot.app.records import AlertTarget, ApplyResult, Incident, MessageRef, Note
+from bot.diagnosis.diagnose import diagnose as default_diagnose
+from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
+from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.remedy.models import Proposal, WorkloadRef
 
 log = logging.getLogger(__name__)
 
@@ -44,99 +44,7 @@ def iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# ---- the chat port ------------------------------------------------------------------------
-
-
-class ChatUnavailable(Exception):
-    """The chat could not be reached after retries; the incident stays in the store unposted.
-
-    channel_refused: the chat answered but will never accept a post to that channel (not a
-    member, archived, no such channel), so retrying the same channel is pointless."""
-
-    def __init__(self, message: str, channel_refused: bool = False):
-        super().__init__(message)
-        self.channel_refused = channel_refused
-
-
-class MessageRef(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    channel: str
-    ts: str
-
-
-class Note(BaseModel):
-    """A thread reply: text, optionally a re-diagnosis and a Roll back button for an incident."""
-
-    model_config = ConfigDict(frozen=True)
-    text: str
-    diagnosis: DiagnosisResult | None = None
-    rollback_incident: str | None = None
-
-
-class ChatPort(Protocol):
-    def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
-        """Post the incident's message (to its default channel when channel is None)."""
-
-    def update_incident(self, incident: Incident, message: MessageRef) -> None:
-        """Re-render a posted message in place from the incident's current state."""
-
-    def reply(self, thread: MessageRef, note: Note) -> None: ...
-
-    def tell_user(self, channel: str, user: str, text: str) -> None:
-        """A message only that user sees (Slack: ephemeral)."""
-
-    def group_members(self, group_id: str) -> set[str]: ...
-
-    def user_name(self, user_id: str) -> str | None:
-        """A human name for audit records, or None if unknown."""
-
-
-# ---- metrics ------------------------------------------------------------------------------
-
-
-class Metrics:
-    """The bot's own counters, on a registry of its own (one per server, so tests don't clash)."""
-
-    def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.alerts_received = Counter("vllm_oncall_alerts_received", "Alerts received from Alertmanager",
-                                       ["status"], registry=r)
-        self.alerts_skipped = Counter("vllm_oncall_alerts_skipped", "Alerts not acted on", ["reason"], registry=r)
-        self.diagnoses = Counter("vllm_oncall_diagnoses", "New incidents by diagnosed cause", ["cause"], registry=r)
-        self.proposals = Counter("vllm_oncall_proposals", "Proposals offered with an Approve button", registry=r)
-        self.incidents_posted = Counter("vllm_oncall_incidents_posted", "Incident messages posted", registry=r)
-        self.repeats = Counter("vllm_oncall_alert_repeats", "Alerts folded into an existing incident", registry=r)
-        self.approvals = Counter("vllm_oncall_approvals", "Approve clicks that started a patch", registry=r)
-        self.rejections = Counter("vllm_oncall_rejections", "Proposals rejected", registry=r)
-        self.refused_clicks = Counter("vllm_oncall_refused_clicks", "Clicks that did nothing", ["reason"], registry=r)
-        self.patches_applied = Counter("vllm_oncall_patches_applied", "Patches applied", registry=r)
-        self.patches_failed = Counter("vllm_oncall_patches_failed", "Patches refused or failed", ["reason"],
-                                      registry=r)
-        self.rollbacks = Counter("vllm_oncall_rollbacks", "Rollbacks applied", registry=r)
-        self.expired = Counter("vllm_oncall_proposals_expired", "Proposals that expired unused", registry=r)
-        self.slack_retries = Counter("vllm_oncall_slack_retries", "Slack Web API calls retried", ["method", "reason"],
-                                     registry=r)
-        self.slack_failures = Counter("vllm_oncall_slack_failures", "Slack Web API calls that failed for good",
-                                      ["method"], registry=r)
-        self.kube_retries = Counter("vllm_oncall_kube_retries", "Kubernetes API calls retried", registry=r)
-        self.alert_to_post = Histogram("vllm_oncall_alert_to_post_seconds",
-                                       "From alert received to incident message posted",
-                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
-
-
 # ---- the service --------------------------------------------------------------------------
-
-
-class AlertTarget(BaseModel):
-    """What one Alertmanager alert (or a slash command) points at."""
-
-    model_config = ConfigDict(frozen=True)
-    namespace: str
-    pod: str
-    container: str | None = None
-    firing: bool = True
-    received_at: float | None = None  # time.monotonic() when the bot received it
 
 
 @dataclass

@@ -26,9 +26,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bot.models import ChangeKind
+from bot.diagnosis.models import ChangeKind
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "playbooks"
 
 
 class PlaybookError(Exception):
@@ -68,7 +68,7 @@ class Condition(Strict):
             if not self.gate():
                 raise ValueError("`log` regex has no literal of 4+ characters: add `literal:`")
         if self.signal is not None:
-            from bot.signals import SIGNALS
+            from bot.diagnosis.signals import SIGNALS
 
             if self.signal not in SIGNALS:
                 close = _close(self.signal, SIGNALS)
@@ -101,7 +101,7 @@ class ChangeSpec(Strict):
     @field_validator("value")
     @classmethod
     def known_formula(cls, v: str) -> str:
-        from bot.formulas import FORMULAS
+        from bot.diagnosis.formulas import FORMULAS
 
         if v not in FORMULAS:
             raise ValueError(f"unknown formula {v!r}{_close(v, FORMULAS)}")

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bot.models import LogText
+from bot.diagnosis.models import LogText
 
 CHUNK_BYTES = 2 * 1024 * 1024
 REPEATS_PARSED = 50  # a line shape seen more often than this is noise (request logs, retries)

@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 
-from bot import cmdline
-from bot.evidence import parse_quantity
-from bot.models import Change
+from bot.diagnosis import cmdline
+from bot.diagnosis.evidence import parse_quantity
+from bot.diagnosis.models import Change
 
 # The container fields a fix may touch, and the one pod-level field (volumes for /dev/shm).
 CONTAINER_FIELDS = ("command", "args", "env", "volumeMounts", "resources",

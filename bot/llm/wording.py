@@ -17,8 +17,8 @@ from typing import Callable
 
 from pydantic import BaseModel
 
-from bot.models import DiagnosisResult, Evidence
-from bot.redact import redact
+from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.diagnosis.redact import redact
 
 log = logging.getLogger(__name__)
 MAX_CHARS = 700
@@ -85,7 +85,7 @@ def explain(diagnosis: DiagnosisResult, settings: LLMSettings | None) -> str | N
 
 def with_llm_wording(settings: LLMSettings | None) -> Callable[[Evidence], DiagnosisResult]:
     """The core's diagnose, with the model's plain-language summary appended when it passes."""
-    from bot.diagnose import diagnose
+    from bot.diagnosis.diagnose import diagnose
 
     def diagnose_and_word(evidence: Evidence) -> DiagnosisResult:
         result = diagnose(evidence)

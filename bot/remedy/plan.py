@@ -18,10 +18,10 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from bot import changes as ch
-from bot.kube.workloads import repository_hint
-from bot.models import DiagnosisResult
-from bot.ports import Proposal, WorkloadRef
+from bot.remedy import changes as ch
+from bot.remedy.ownership import repository_hint
+from bot.diagnosis.models import DiagnosisResult
+from bot.remedy.models import Proposal, WorkloadRef
 
 AUDIT_ANNOTATION = "vllm-oncall.io/last-change"
 AUDIT_MAX_RECORDS = 5
@@ -86,7 +86,7 @@ def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = No
     edit them. So before patching: every change must be one the cause's playbook declares, and
     the stored JSON Patch must be exactly the patch those changes make to this workload.
     """
-    from bot.playbooks import default_playbooks
+    from bot.diagnosis.playbooks import default_playbooks
 
     book = next((b for b in (playbooks or default_playbooks()) if b.id == proposal.cause), None)
     if book is None:

@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.cmdline import ParsedCommand
-from bot.evidence import parse_quantity
-from bot.logfacts import FRAME_ORDER, LogFacts
-from bot.models import NodeView, PodView
+from bot.diagnosis.cmdline import ParsedCommand
+from bot.diagnosis.evidence import parse_quantity
+from bot.diagnosis.logfacts import FRAME_ORDER, LogFacts
+from bot.diagnosis.models import NodeView, PodView
 
 LOG_FACTS = {
     "vllm_version", "weights_gib", "weights_loaded", "total_gpu_gib", "gpu_memory_utilization", "budget_gib",

@@ -1,7 +1,10 @@
 """`vllm-oncall` command line.
 
 diagnose and eval live here; the cluster commands (why, collect, apply, rollback, fix) and the
-chat commands (serve, demo) register themselves from bot.cli_kube and bot.cli_serve.
+chat commands (serve, demo) register themselves from bot.cli.kube and bot.cli.serve.
+
+The entry point: it may import every layer, and wires the adapters (bot.kube or bot.local,
+bot.slack, bot.http, bot.llm) into the application (bot.app).
 """
 
 from __future__ import annotations
@@ -11,16 +14,17 @@ import json
 import sys
 from pathlib import Path
 
-from bot import cli_kube, cli_serve
-from bot.models import BundleError
-from bot.playbooks import PlaybookError
+from bot.cli import kube as cli_kube
+from bot.cli import serve as cli_serve
+from bot.diagnosis.models import BundleError
+from bot.diagnosis.playbooks import PlaybookError
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from bot.diagnose import diagnose
-    from bot.evidence import load_bundle, load_log
-    from bot.playbooks import load_dir
-    from bot.render import render_text
+    from bot.diagnosis.diagnose import diagnose
+    from bot.diagnosis.evidence import load_bundle, load_log
+    from bot.diagnosis.playbooks import load_dir
+    from bot.diagnosis.render import render_text
 
     if not args.bundle and not args.log:
         raise BundleError("give an evidence bundle folder, or --log FILE")
@@ -35,7 +39,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from bot.evaluate import evaluate, format_report
+    from bot.diagnosis.evaluate import evaluate, format_report
 
     corpus = Path(args.corpus)
     if not corpus.is_dir():
@@ -51,7 +55,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_playbooks(args: argparse.Namespace) -> int:
-    from bot.playbooks import load_dir
+    from bot.diagnosis.playbooks import load_dir
 
     for book in load_dir(args.playbooks):
         changes = sorted({f"{k} {n}" for k, n in book.allowed()})
@@ -100,6 +104,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,8 +10,8 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE_DIRS = (REPO_ROOT / "examples" / "incident", Path(__file__).resolve().parent / "examples" / "incident")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_DIRS = (REPO_ROOT / "examples" / "incident", Path(__file__).resolve().parents[1] / "examples" / "incident")
 DEMO_APPROVER = "U0DEMOAPPROVER"
 
 
@@ -50,10 +50,10 @@ def _example_dir(given: str | None) -> Path:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from bot.incidents import FolderIncidentStore
-    from bot.kube.local import LocalCluster
-    from bot.server import AlertIntake, InlineExecutor
-    from bot.service import OncallService, Policy
+    from bot.local.store import FolderIncidentStore
+    from bot.local.cluster import LocalCluster
+    from bot.http.server import AlertIntake, InlineExecutor
+    from bot.app.service import OncallService, Policy
     from bot.slack.terminal import TerminalChat
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -96,7 +96,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from bot.settings import SettingsError, load_settings
+    from bot.cli.settings import SettingsError, load_settings
 
     logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -130,11 +130,13 @@ def run_serve(args: argparse.Namespace) -> int:
 def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     """Wire the real pieces from settings. Separate from run_serve so it can be reasoned about
     (and started) without a terminal."""
-    from bot.incidents import FolderIncidentStore, KubeIncidentStore
+    from bot.local.store import FolderIncidentStore
+    from bot.kube.incidents import KubeIncidentStore
     from bot.kube.retry import on_retry
-    from bot.ports import PodNotFound
-    from bot.server import BotServer
-    from bot.service import Metrics, OncallService, Policy
+    from bot.app.ports import PodNotFound
+    from bot.http.server import BotServer
+    from bot.app.metrics import Metrics
+    from bot.app.service import OncallService, Policy
     from bot.slack.app import build_app
     from bot.slack.chat import SlackChat, make_client
 
@@ -144,7 +146,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     chat = SlackChat(client, settings.slack_channel, metrics, max_attempts=settings.slack_max_attempts,
                      max_retry_after_seconds=settings.slack_max_retry_after_seconds)
     if settings.cluster_source == "local":
-        from bot.kube.local import LocalCluster
+        from bot.local.cluster import LocalCluster
 
         cluster = LocalCluster(settings.bundle_dir, settings.state_dir / "cluster", name=settings.cluster_name)
     else:
@@ -160,7 +162,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                     proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                     verify_timeout_seconds=settings.verify_timeout_seconds,
                     default_namespace=settings.default_namespace)
-    from bot.llm import LLMSettings, with_llm_wording
+    from bot.llm.wording import LLMSettings, with_llm_wording
 
     service = OncallService(cluster, store, chat, policy, metrics, diagnose=with_llm_wording(LLMSettings.from_env()))
 

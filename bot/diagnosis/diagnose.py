@@ -13,14 +13,15 @@ import re
 import string
 from typing import Any, Iterable
 
-from bot import cmdline, render
-from bot.evidence import gpu_summary, node_view, pod_view
-from bot.formulas import FORMULAS, Computed, Context, NoSafeChange
-from bot.logfacts import LogFacts, extract
-from bot.models import BundleError, Change, DiagnosisResult, Evidence
-from bot.playbooks import Condition, Playbook, default_playbooks
-from bot.redact import redact
-from bot.signals import BENIGN_ERRORS, Signals, compute
+from bot.diagnosis import cmdline
+from bot.diagnosis import render
+from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
+from bot.diagnosis.formulas import FORMULAS, Computed, Context, NoSafeChange
+from bot.diagnosis.logfacts import LogFacts, extract
+from bot.diagnosis.models import BundleError, Change, DiagnosisResult, Evidence
+from bot.diagnosis.playbooks import Condition, Playbook, default_playbooks
+from bot.diagnosis.redact import redact
+from bot.diagnosis.signals import BENIGN_ERRORS, Signals, compute
 
 log = logging.getLogger(__name__)
 MAX_EVIDENCE_LINES = 10

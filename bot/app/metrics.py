@@ -1,0 +1,36 @@
+"""The bot's own Prometheus counters."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+class Metrics:
+    """The bot's own counters, on a registry of its own (one per server, so tests don't clash)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.alerts_received = Counter("vllm_oncall_alerts_received", "Alerts received from Alertmanager",
+                                       ["status"], registry=r)
+        self.alerts_skipped = Counter("vllm_oncall_alerts_skipped", "Alerts not acted on", ["reason"], registry=r)
+        self.diagnoses = Counter("vllm_oncall_diagnoses", "New incidents by diagnosed cause", ["cause"], registry=r)
+        self.proposals = Counter("vllm_oncall_proposals", "Proposals offered with an Approve button", registry=r)
+        self.incidents_posted = Counter("vllm_oncall_incidents_posted", "Incident messages posted", registry=r)
+        self.repeats = Counter("vllm_oncall_alert_repeats", "Alerts folded into an existing incident", registry=r)
+        self.approvals = Counter("vllm_oncall_approvals", "Approve clicks that started a patch", registry=r)
+        self.rejections = Counter("vllm_oncall_rejections", "Proposals rejected", registry=r)
+        self.refused_clicks = Counter("vllm_oncall_refused_clicks", "Clicks that did nothing", ["reason"], registry=r)
+        self.patches_applied = Counter("vllm_oncall_patches_applied", "Patches applied", registry=r)
+        self.patches_failed = Counter("vllm_oncall_patches_failed", "Patches refused or failed", ["reason"],
+                                      registry=r)
+        self.rollbacks = Counter("vllm_oncall_rollbacks", "Rollbacks applied", registry=r)
+        self.expired = Counter("vllm_oncall_proposals_expired", "Proposals that expired unused", registry=r)
+        self.slack_retries = Counter("vllm_oncall_slack_retries", "Slack Web API calls retried", ["method", "reason"],
+                                     registry=r)
+        self.slack_failures = Counter("vllm_oncall_slack_failures", "Slack Web API calls that failed for good",
+                                      ["method"], registry=r)
+        self.kube_retries = Counter("vllm_oncall_kube_retries", "Kubernetes API calls retried", registry=r)
+        self.alert_to_post = Histogram("vllm_oncall_alert_to_post_seconds",
+                                       "From alert received to incident message posted",
+                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)

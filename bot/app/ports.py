@@ -1,0 +1,101 @@
+"""The seams between the application and the outside world.
+
+The application (bot/app/) talks to a cluster through `ClusterPort` (live Kubernetes in
+bot/kube/, or manifest files and bundles on disk in bot/local/), keeps incidents in an
+`IncidentStore` and talks to people through `ChatPort` (Slack in bot/slack/, or the
+terminal). Adapters implement these protocols; the application imports none of them, so either
+side can be swapped.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from bot.app.records import ApplyResult, Incident, MessageRef, Note, Verification
+from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.remedy.models import Proposal, WorkloadRef
+
+
+class PodNotFound(LookupError):
+    def __init__(self, namespace: str, name: str, close_matches: list[str] | None = None):
+        self.namespace, self.name, self.close_matches = namespace, name, close_matches or []
+        hint = f" Close matches: {', '.join(self.close_matches)}." if self.close_matches else ""
+        super().__init__(f"pod {namespace}/{name} not found.{hint}")
+
+
+class IncidentExists(Exception):
+    """Creating an incident whose name is taken: another replica or alert got there first."""
+
+
+class IncidentConflict(Exception):
+    """An update lost a race: reload and decide again."""
+
+
+class ChatUnavailable(Exception):
+    """The chat could not be reached after retries; the incident stays in the store unposted.
+
+    channel_refused: the chat answered but will never accept a post to that channel (not a
+    member, archived, no such channel), so retrying the same channel is pointless."""
+
+    def __init__(self, message: str, channel_refused: bool = False):
+        super().__init__(message)
+        self.channel_refused = channel_refused
+
+
+class ClusterPort(Protocol):
+    """What the bot needs from a cluster. Implemented by bot.kube (live) and a local one (files)."""
+
+    name: str  # the cluster's configured name, shown in every message
+
+    def resolve_pod(self, namespace: str, name: str) -> str:
+        """A pod name for `name`: the pod itself, or the newest crashing pod of a Deployment
+        or StatefulSet of that name. Raises PodNotFound with close matches."""
+
+    def collect(self, namespace: str, pod: str, container: str | None = None) -> Evidence:
+        """Previous container log (head and tail), pod, node, events."""
+
+    def workload_for(self, evidence: Evidence) -> WorkloadRef:
+        """The owning workload of the evidence's pod, with GitOps/Helm detection."""
+
+    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
+        """A proposal bound to the workload's current state, dry-run checked; None if the
+        diagnosis has no change."""
+
+    def apply(self, proposal: Proposal, actor: str) -> ApplyResult:
+        """Conditional patch (test ops + resourceVersion), audit annotation and Event."""
+
+    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
+        """Restore the command line recorded by the last applied change."""
+
+    def verify(self, workload: WorkloadRef, timeout_seconds: float) -> Verification:
+        """Follow the rollout until a new pod is Ready or crashes again."""
+
+
+class IncidentStore(Protocol):
+    def create(self, incident: Incident) -> Incident:
+        """Raises IncidentExists if the name is taken."""
+
+    def get(self, name: str) -> Incident | None: ...
+
+    def update(self, incident: Incident) -> Incident:
+        """Compare-and-swap on incident.version; raises IncidentConflict on a lost race."""
+
+    def list(self, **labels: str) -> list[Incident]: ...
+
+
+class ChatPort(Protocol):
+    def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
+        """Post the incident's message (to its default channel when channel is None)."""
+
+    def update_incident(self, incident: Incident, message: MessageRef) -> None:
+        """Re-render a posted message in place from the incident's current state."""
+
+    def reply(self, thread: MessageRef, note: Note) -> None: ...
+
+    def tell_user(self, channel: str, user: str, text: str) -> None:
+        """A message only that user sees (Slack: ephemeral)."""
+
+    def group_members(self, group_id: str) -> set[str]: ...
+
+    def user_name(self, user_id: str) -> str | None:
+        """A human name for audit records, or None if unknown."""

@@ -1,0 +1,79 @@
+"""The typed records that cross the application's boundaries (stored, posted, returned)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bot.diagnosis.models import DiagnosisResult
+from bot.remedy.models import Model, Proposal, WorkloadRef
+
+
+class ApplyResult(Model):
+    ok: bool
+    message: str
+    workload: WorkloadRef | None = None
+    conflict: bool = False  # the workload changed since the proposal; re-diagnose
+    changed_fields: list[str] = Field(default_factory=list)
+
+
+class Verification(Model):
+    outcome: Literal["ready", "crashed", "timeout", "unknown"]
+    pod: str | None = None
+    message: str
+    kv_cache_line: str | None = None  # vLLM's own "GPU KV cache size: N tokens" / "# GPU blocks"
+    concurrency_line: str | None = None
+    diagnosis: DiagnosisResult | None = None  # when the new pod crashed again
+
+
+class Incident(Model):
+    """One incident per (cluster, namespace, workload, cause): the dedup key and the state."""
+
+    name: str  # deterministic object name from the key
+    cluster: str
+    namespace: str
+    workload: str
+    cause: str | None
+    state: Literal["proposed", "diagnosed", "approved", "applying", "applied", "verified", "failed",
+                   "rejected", "expired", "rolled-back", "resolved"]
+    pods: list[str] = Field(default_factory=list)
+    restarts: int | None = None
+    first_seen: datetime
+    last_seen: datetime
+    alert_count: int = 1
+    slack_channel: str | None = None
+    slack_ts: str | None = None
+    proposal: Proposal | None = None
+    diagnosis: DiagnosisResult | None = None
+    approver: str | None = None
+    decided_at: datetime | None = None
+    history: list[str] = Field(default_factory=list)
+    version: str | None = None  # store's concurrency token (resourceVersion or file mtime)
+
+
+class MessageRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    channel: str
+    ts: str
+
+
+class Note(BaseModel):
+    """A thread reply: text, optionally a re-diagnosis and a Roll back button for an incident."""
+
+    model_config = ConfigDict(frozen=True)
+    text: str
+    diagnosis: DiagnosisResult | None = None
+    rollback_incident: str | None = None
+
+
+class AlertTarget(BaseModel):
+    """What one Alertmanager alert (or a slash command) points at."""
+
+    model_config = ConfigDict(frozen=True)
+    namespace: str
+    pod: str
+    container: str | None = None
+    firing: bool = True
+    received_at: float | None = None  # time.monotonic() when the bot received it

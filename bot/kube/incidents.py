@@ -1,0 +1,108 @@
+"""Incidents as VLLMIncident custom resources in the cluster (shared by bot replicas)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bot.app.incidents import LABEL_PREFIX, GROUP, KIND, PLURAL, VERSION, change_summary, incident_labels, selector_value
+from bot.app.ports import IncidentConflict, IncidentExists
+from bot.app.records import Incident
+
+
+def to_custom_object(incident: Incident) -> dict[str, Any]:
+    """The VLLMIncident object. The top-level spec fields state/cause/approver/change are what
+    `kubectl get vllmincidents` prints; `record` is the full incident."""
+    record = incident.model_dump(mode="json", exclude={"name", "version"})
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": incident.name,
+            "labels": {LABEL_PREFIX + k: v for k, v in incident_labels(incident).items()},
+        },
+        "spec": {
+            "cluster": incident.cluster,
+            "namespace": incident.namespace,
+            "workload": incident.workload,
+            "cause": incident.cause or "unknown",
+            "state": incident.state,
+            "approver": incident.approver or "",
+            "change": change_summary(incident),
+            "record": json.dumps(record, separators=(",", ":")),
+        },
+    }
+
+
+def from_custom_object(obj: dict[str, Any]) -> Incident:
+    meta = obj.get("metadata") or {}
+    record = json.loads((obj.get("spec") or {})["record"])
+    return Incident.model_validate({**record, "name": meta["name"], "version": meta.get("resourceVersion")})
+
+
+class KubeIncidentStore:
+    """Incidents as vllmincidents.oncall.vllm.ai/v1 objects in one namespace.
+
+    create -> 409 AlreadyExists -> IncidentExists. update is a merge patch carrying
+    metadata.resourceVersion, which the API server treats as a precondition: 409 Conflict when
+    someone else wrote in between -> IncidentConflict.
+
+    The record is kept as one JSON string in spec.record: it round-trips exactly (no schema
+    pruning of nested fields) and a merge patch replaces it whole, so no stale key survives.
+    """
+
+    def __init__(self, api: Any, namespace: str):
+        # bot.kube.api.KubeApi: 429/5xx/timeouts retried and counted, 403 named. A retried create
+        # or update that had in fact succeeded comes back as 409, which callers already handle as
+        # "someone else got there first" and re-read.
+        self.api = api
+        self.namespace = namespace
+
+    @classmethod
+    def from_environment(cls, namespace: str, context: str | None = None) -> "KubeIncidentStore":
+        from bot.kube.api import KubeApi, api_client_from_environment
+
+        return cls(KubeApi(api_client_from_environment(context)), namespace)
+
+    def create(self, incident: Incident) -> Incident:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self.api.create_custom(GROUP, VERSION, self.namespace, PLURAL, to_custom_object(incident))
+        except ApiException as exc:
+            if exc.status == 409:
+                raise IncidentExists(incident.name) from None
+            raise
+        return from_custom_object(obj)
+
+    def get(self, name: str) -> Incident | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self.api.get_custom(GROUP, VERSION, self.namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return from_custom_object(obj)
+
+    def update(self, incident: Incident) -> Incident:
+        from kubernetes.client.exceptions import ApiException
+
+        if not incident.version:
+            raise IncidentConflict(f"{incident.name}: no resourceVersion to compare against")
+        body = to_custom_object(incident)
+        patch = {"metadata": {"resourceVersion": incident.version, "labels": body["metadata"]["labels"]},
+                 "spec": body["spec"]}
+        try:
+            obj = self.api.patch_custom(GROUP, VERSION, self.namespace, PLURAL, incident.name, patch)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise IncidentConflict(f"{incident.name}: {exc.reason}") from None
+            raise
+        return from_custom_object(obj)
+
+    def list(self, **labels: str) -> list[Incident]:
+        selector = ",".join(f"{LABEL_PREFIX}{k}={selector_value(k, v)}" for k, v in labels.items())
+        items = self.api.list_custom(GROUP, VERSION, self.namespace, PLURAL, label_selector=selector or None)
+        return [from_custom_object(item) for item in items]

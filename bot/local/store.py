@@ -1,0 +1,79 @@
+"""Incidents as one JSON file each, in a folder: the store for the terminal and the demo."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from bot.app.incidents import matches
+from bot.app.ports import IncidentConflict, IncidentExists
+from bot.app.records import Incident
+
+
+class FolderIncidentStore:
+    """One JSON file per incident. Exclusive create (O_EXCL) and a version counter checked
+    under an flock, so two processes sharing the folder behave like two replicas on the cluster."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, name: str) -> Path:
+        if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name):
+            raise ValueError(f"not an incident name: {name!r}")
+        return self.folder / f"{name}.json"
+
+    def _locked(self, name: str, exclusive: bool):
+        lock = open(self.folder / f".{name}.lock", "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        return lock  # closing the file releases the lock
+
+    def create(self, incident: Incident) -> Incident:
+        stored = incident.model_copy(update={"version": "1"})
+        path = self._path(incident.name)
+        with self._locked(incident.name, exclusive=True):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                raise IncidentExists(incident.name) from None
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(stored.model_dump_json(indent=1))
+                f.flush()
+                os.fsync(f.fileno())
+        return stored
+
+    def get(self, name: str) -> Incident | None:
+        path = self._path(name)
+        if not path.exists():
+            return None
+        with self._locked(name, exclusive=False):
+            return Incident.model_validate_json(path.read_text(encoding="utf-8"))
+
+    def update(self, incident: Incident) -> Incident:
+        path = self._path(incident.name)
+        with self._locked(incident.name, exclusive=True):
+            if not path.exists():
+                raise IncidentConflict(f"{incident.name}: deleted")
+            current = Incident.model_validate_json(path.read_text(encoding="utf-8"))
+            if current.version != incident.version:
+                raise IncidentConflict(f"{incident.name}: version {incident.version} is stale "
+                                       f"(now {current.version})")
+            stored = incident.model_copy(update={"version": str(int(current.version or 0) + 1)})
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{incident.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(stored.model_dump_json(indent=1))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # readers see the old or the new file, never half of one
+        return stored
+
+    def list(self, **labels: str) -> list[Incident]:
+        out = []
+        for path in sorted(self.folder.glob("*.json")):
+            incident = self.get(path.stem)
+            if incident and matches(incident, labels):
+                out.append(incident)
+        return out
