@@ -52,7 +52,8 @@ def _example_dir(given: str | None) -> Path:
 def run_demo(args: argparse.Namespace) -> int:
     from bot.local.store import FolderIncidentStore
     from bot.local.cluster import LocalCluster
-    from bot.http.server import AlertIntake, InlineExecutor
+    from bot.http.alerts import AlertIntake
+    from bot.http.executor import InlineExecutor
     from bot.app.service import OncallService, Policy
     from bot.slack.terminal import TerminalChat
 

@@ -126,59 +126,66 @@ def _shell_words(script: str) -> list[tuple[str, tuple[int, int]]]:
         ch = script[i]
         if ch == "\\" and i + 1 < n and script[i + 1] == "\n":
             i += 2
-            continue
-        if ch in " \t":
+        elif ch in " \t":
             i += 1
-            continue
-        if ch == "\n":
-            words.append((OPERATOR + "\n", (i, i + 1)))
-            i += 1
-            continue
-        if ch == "#":
+        elif ch == "#":
             end = script.find("\n", i)
             i = n if end == -1 else end
-            continue
-        redirect = re.match(r"\d*(?:>>?|<|&>)(?:&\d+)?", script[i:])
-        if redirect:
-            words.append((OPERATOR + redirect.group(0), (i, i + redirect.end())))
-            i += redirect.end()
-            continue
-        if ch in ";&|":
-            j = i
-            while j < n and script[j] in ";&|":
-                j += 1
-            words.append((OPERATOR + script[i:j], (i, j)))
-            i = j
-            continue
-        start, buf = i, []
-        while i < n and script[i] not in " \t\n;&|<>":
-            ch = script[i]
-            if ch == "'":
-                end = script.find("'", i + 1)
-                end = n if end < 0 else end
-                buf.append(script[i + 1 : end])
-                i = end + 1
-            elif ch == '"':
-                i += 1
-                while i < n and script[i] != '"':
-                    if script[i] == "\\" and i + 1 < n and script[i + 1] in '"\\$`':
-                        buf.append(script[i + 1])
-                        i += 2
-                    else:
-                        buf.append(script[i])
-                        i += 1
-                i += 1
-            elif ch == "\\" and i + 1 < n:
-                if script[i + 1] == "\n":
-                    i += 2
-                    continue
-                buf.append(script[i + 1])
-                i += 2
+        else:
+            operator = _operator_at(script, i)
+            if operator is not None:
+                words.append(operator)
+                i = operator[1][1]
             else:
-                buf.append(ch)
-                i += 1
-        words.append(("".join(buf), (start, i)))
+                word, end = _read_word(script, i)
+                words.append((word, (i, end)))
+                i = end
     return words
+
+
+def _operator_at(script: str, i: int) -> tuple[str, tuple[int, int]] | None:
+    """A newline, a redirection or a run of separator characters starting at i, marked OPERATOR."""
+    if script[i] == "\n":
+        return OPERATOR + "\n", (i, i + 1)
+    redirect = re.match(r"\d*(?:>>?|<|&>)(?:&\d+)?", script[i:])
+    if redirect:
+        return OPERATOR + redirect.group(0), (i, i + redirect.end())
+    if script[i] in ";&|":
+        j = i
+        while j < len(script) and script[j] in ";&|":
+            j += 1
+        return OPERATOR + script[i:j], (i, j)
+    return None
+
+
+def _read_word(script: str, i: int) -> tuple[str, int]:
+    """One shell word starting at i, its quotes and escapes resolved, and where it ends."""
+    n, buf = len(script), []
+    while i < n and script[i] not in " \t\n;&|<>":
+        ch = script[i]
+        if ch == "'":
+            end = script.find("'", i + 1)
+            end = n if end < 0 else end
+            buf.append(script[i + 1 : end])
+            i = end + 1
+        elif ch == '"':
+            i += 1
+            while i < n and script[i] != '"':
+                if script[i] == "\\" and i + 1 < n and script[i + 1] in '"\\$`':
+                    buf.append(script[i + 1])
+                    i += 2
+                else:
+                    buf.append(script[i])
+                    i += 1
+            i += 1
+        elif ch == "\\" and i + 1 < n:
+            if script[i + 1] != "\n":
+                buf.append(script[i + 1])
+            i += 2
+        else:
+            buf.append(ch)
+            i += 1
+    return "".join(buf), i
 
 
 def _locate_shell(command: list[str] | None, args: list[str] | None) -> tuple[str, int] | None:
@@ -196,17 +203,7 @@ def _locate_shell(command: list[str] | None, args: list[str] | None) -> tuple[st
 
 def parse(command: list[str] | None, args: list[str] | None) -> ParsedCommand:
     shell = _locate_shell(command, args)
-    tokens: list[Token] = []
-    if shell:
-        where, idx = shell
-        script = (command if where == "command" else args or [])[idx]
-        for text, span in _shell_words(script):
-            tokens.append(Token(text, where, idx, span))
-    else:
-        for where, items in (("command", command), ("args", args)):
-            for i, item in enumerate(items or []):
-                tokens.append(Token(item, where, i))
-
+    tokens = _tokens(command, args, shell)
     parsed = ParsedCommand(command=command, args=args, entrypoint="unknown", model=None, shell=shell)
     start = _find_vllm_start(tokens, command)
     if start is None:
@@ -221,45 +218,61 @@ def parse(command: list[str] | None, args: list[str] | None) -> ParsedCommand:
         if _is_operator(tok):
             break
         parsed.last_token = tok
-        text = tok.text
-        if text.startswith("--") and len(text) > 2:
-            name, eq, inline = text.partition("=")
-            cname = canonical(name)
-            if eq:
-                parsed.flags.append(FlagUse(cname, tok, None, inline, name))
-                i += 1
-                continue
-            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-            takes_value = (
-                not is_boolean(cname)
-                and nxt is not None
-                and (not nxt.text.startswith("-") or _NUMBER.match(nxt.text) is not None)
-                and not _is_operator(nxt)
-            )
-            if takes_value:
-                parsed.flags.append(FlagUse(cname, tok, nxt, None, name))
-                parsed.last_token = nxt
-                i += 2
-            else:
-                parsed.flags.append(FlagUse(cname, tok, None, None, name))
-                i += 1
+        after = _read_flag(tokens, i, parsed)
+        if after is not None:
+            i = after
             continue
-        short, eq, inline = text.partition("=")
-        if short in SHORT_ALIASES and (eq or i + 1 < len(tokens)):
-            if eq:
-                parsed.flags.append(FlagUse(SHORT_ALIASES[short], tok, None, inline, short))
-                i += 1
-            else:
-                parsed.flags.append(FlagUse(SHORT_ALIASES[short], tok, tokens[i + 1], None, short))
-                parsed.last_token = tokens[i + 1]
-                i += 2
-            continue
-        if positional_model_allowed and parsed.model is None and not text.startswith("-"):
-            parsed.model = text
+        if positional_model_allowed and parsed.model is None and not tok.text.startswith("-"):
+            parsed.model = tok.text
         i += 1
     if parsed.model is None or parsed.get("--model"):
         parsed.model = parsed.get("--model") or parsed.model
     return parsed
+
+
+def _tokens(command: list[str] | None, args: list[str] | None, shell: tuple[str, int] | None) -> list[Token]:
+    """The words vLLM would see: a `sh -c` script split into words, or command + args as they are."""
+    if shell:
+        where, idx = shell
+        script = (command if where == "command" else args or [])[idx]
+        return [Token(text, where, idx, span) for text, span in _shell_words(script)]
+    return [Token(item, where, i) for where, items in (("command", command), ("args", args))
+            for i, item in enumerate(items or [])]
+
+
+def _read_flag(tokens: list[Token], i: int, parsed: ParsedCommand) -> int | None:
+    """Record the flag at tokens[i] (with its value, if it takes one) and return the index after
+    it; None when tokens[i] is not a flag."""
+    tok = tokens[i]
+    text = tok.text
+    if text.startswith("--") and len(text) > 2:
+        name, eq, inline = text.partition("=")
+        cname = canonical(name)
+        if eq:
+            parsed.flags.append(FlagUse(cname, tok, None, inline, name))
+            return i + 1
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        takes_value = (
+            not is_boolean(cname)
+            and nxt is not None
+            and (not nxt.text.startswith("-") or _NUMBER.match(nxt.text) is not None)
+            and not _is_operator(nxt)
+        )
+        if takes_value and nxt is not None:
+            parsed.flags.append(FlagUse(cname, tok, nxt, None, name))
+            parsed.last_token = nxt
+            return i + 2
+        parsed.flags.append(FlagUse(cname, tok, None, None, name))
+        return i + 1
+    short, eq, inline = text.partition("=")
+    if short in SHORT_ALIASES and (eq or i + 1 < len(tokens)):
+        if eq:
+            parsed.flags.append(FlagUse(SHORT_ALIASES[short], tok, None, inline, short))
+            return i + 1
+        parsed.flags.append(FlagUse(SHORT_ALIASES[short], tok, tokens[i + 1], None, short))
+        parsed.last_token = tokens[i + 1]
+        return i + 2
+    return None
 
 
 def _find_vllm_start(tokens: list[Token], command: list[str] | None) -> tuple[int, str] | None:
@@ -286,69 +299,86 @@ def apply_flag_changes(parsed: ParsedCommand, changes: list[Change]) -> tuple[li
     command = list(parsed.command) if parsed.command is not None else None
     args = list(parsed.args) if parsed.args is not None else None
     lists = {"command": command, "args": args}
-    # Word-level edits: (where, index) -> replacement list of words (argv) ; spans for shell.
-    argv_edits: dict[tuple[str, int], list[str]] = {}
-    span_edits: list[tuple[int, int, str]] = []
-    appended: list[str] = []
-    q = shlex.quote if parsed.shell else (lambda text: text)
-
+    edits = _Edits()
     for change in changes:
-        if change.kind != "flag":
-            continue
-        name = canonical(change.name)
-        uses = [u for u in parsed.flags if u.name == name or (is_boolean(name) and u.name == "--no-" + name[2:])]
-        for use in uses[:-1]:  # duplicates collapse to the last one
-            _remove_use(use, parsed, argv_edits, span_edits)
-        if not uses:
-            if change.after is None or change.after == "false" and is_boolean(name):
-                continue
-            appended.extend([name] if is_boolean(name) and change.after == "true" else [name, change.after])
-            continue
-        last = uses[-1]
-        if change.after is None:
-            _remove_use(last, parsed, argv_edits, span_edits)
-        elif is_boolean(name):
-            word = name if change.after == "true" else "--no-" + name[2:]
-            _replace(last.flag_token, word, parsed, argv_edits, span_edits)
-        elif last.inline_value is not None:
-            _replace(last.flag_token, f"{last.spelled}={q(change.after)}", parsed, argv_edits, span_edits)
-        elif last.value_token is not None:
-            _replace(last.value_token, q(change.after), parsed, argv_edits, span_edits)
-        elif parsed.shell:
-            _replace(last.flag_token, f"{last.spelled} {q(change.after)}", parsed, argv_edits, span_edits)
-        else:
-            argv_edits[(last.flag_token.where, last.flag_token.index)] = [last.spelled, change.after]
-
+        if change.kind == "flag":
+            _plan_flag_change(change, parsed, edits)
     if parsed.shell:
-        where, idx = parsed.shell
-        target = lists[where]
-        assert target is not None
-        script = target[idx]
-        if appended and parsed.last_token and parsed.last_token.span:
-            end = parsed.last_token.span[1]
-            span_edits.append((end, end, " " + " ".join(shlex.quote(a) for a in appended)))
-        for start, end, text in sorted(span_edits, key=lambda e: (e[0], e[1]), reverse=True):
-            # a removal swallows the blank before it so no double spaces remain
-            if text == "" and start > 0 and script[start - 1] == " ":
-                start -= 1
-            script = script[:start] + text + script[end:]
-        target[idx] = script
+        _rewrite_script(parsed, lists, edits)
         return command, args
+    return _rewrite_argv(lists, edits)
 
+
+class _Edits:
+    """Word-level edits of argv ((where, index) -> replacement words), character spans of a
+    shell script (start, end, text), and flags to append at the end."""
+
+    def __init__(self) -> None:
+        self.argv: dict[tuple[str, int], list[str]] = {}
+        self.spans: list[tuple[int, int, str]] = []
+        self.appended: list[str] = []
+
+
+def _plan_flag_change(change: Change, parsed: ParsedCommand, edits: _Edits) -> None:
+    q = shlex.quote if parsed.shell else (lambda text: text)
+    name = canonical(change.name)
+    uses = [u for u in parsed.flags if u.name == name or (is_boolean(name) and u.name == "--no-" + name[2:])]
+    for use in uses[:-1]:  # duplicates collapse to the last one
+        _remove_use(use, parsed, edits.argv, edits.spans)
+    if not uses:
+        if change.after is None or (change.after == "false" and is_boolean(name)):
+            return
+        edits.appended.extend([name] if is_boolean(name) and change.after == "true" else [name, change.after])
+        return
+    last = uses[-1]
+    if change.after is None:
+        _remove_use(last, parsed, edits.argv, edits.spans)
+    elif is_boolean(name):
+        word = name if change.after == "true" else "--no-" + name[2:]
+        _replace(last.flag_token, word, parsed, edits.argv, edits.spans)
+    elif last.inline_value is not None:
+        _replace(last.flag_token, f"{last.spelled}={q(change.after)}", parsed, edits.argv, edits.spans)
+    elif last.value_token is not None:
+        _replace(last.value_token, q(change.after), parsed, edits.argv, edits.spans)
+    elif parsed.shell:
+        _replace(last.flag_token, f"{last.spelled} {q(change.after)}", parsed, edits.argv, edits.spans)
+    else:
+        edits.argv[(last.flag_token.where, last.flag_token.index)] = [last.spelled, change.after]
+
+
+def _rewrite_script(parsed: ParsedCommand, lists: dict[str, list[str] | None], edits: _Edits) -> None:
+    assert parsed.shell is not None
+    where, idx = parsed.shell
+    target = lists[where]
+    assert target is not None
+    script = target[idx]
+    spans = list(edits.spans)
+    if edits.appended and parsed.last_token and parsed.last_token.span:
+        end = parsed.last_token.span[1]
+        spans.append((end, end, " " + " ".join(shlex.quote(a) for a in edits.appended)))
+    for start, end, text in sorted(spans, key=lambda e: (e[0], e[1]), reverse=True):
+        # a removal swallows the blank before it so no double spaces remain
+        if text == "" and start > 0 and script[start - 1] == " ":
+            start -= 1
+        script = script[:start] + text + script[end:]
+    target[idx] = script
+
+
+def _rewrite_argv(lists: dict[str, list[str] | None], edits: _Edits) -> tuple[list[str] | None, list[str] | None]:
     for where in ("command", "args"):
         items = lists[where]
         if items is None:
             continue
         rebuilt: list[str] = []
         for i, item in enumerate(items):
-            rebuilt.extend(argv_edits.get((where, i), [item]))
+            rebuilt.extend(edits.argv.get((where, i), [item]))
         lists[where] = rebuilt
     command, args = lists["command"], lists["args"]
-    if appended:
+    if edits.appended:
         if args is not None or command is None:
-            args = (args or []) + appended
+            args = (args or []) + edits.appended
         else:
-            command = command + appended
+            command = command + edits.appended
     return command, args
 
 
