@@ -240,6 +240,14 @@ class ChangeSpec(Strict):
     min: float | None = None
     max: float | None = None
 
+    @field_validator("name")
+    @classmethod
+    def known_name(cls, v: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if kind is not None:
+            NAME_CHECKS[kind](v)
+        return v
+
     @field_validator("value")
     @classmethod
     def known_formula(cls, v: str) -> str:
@@ -253,14 +261,12 @@ class ChangeSpec(Strict):
     @classmethod
     def known_params(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         formula = info.data.get("value")
-        return check_params(formula, v) if formula is not None else v
-
-    @model_validator(mode="after")
-    def known_name(self) -> "ChangeSpec":
-        NAME_CHECKS[self.kind](self.name)
-        if self.value == "constant" and self.kind in ("resources", "volume"):
-            _check_quantity(self.params["value"], self.name)
-        return self
+        if formula is None:
+            return v
+        params = check_params(formula, v)
+        if formula == "constant" and info.data.get("kind") in ("resources", "volume"):
+            _check_quantity(params["value"], info.data.get("name", ""))
+        return params
 
 
 def _check_quantity(value: str, name: str) -> None:
