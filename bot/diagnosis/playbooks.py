@@ -77,11 +77,7 @@ class Condition(Strict):
             if not self.gate():
                 raise ValueError("`log` regex has no literal of 4+ characters: add `literal:`")
         if self.signal is not None:
-            from bot.diagnosis.signals import SIGNALS
-
-            if self.signal not in SIGNALS:
-                close = _close(self.signal, SIGNALS)
-                raise ValueError(f"unknown signal {self.signal!r}{close}")
+            known_signal(self.signal)
         return self
 
     def gate(self) -> str | None:
