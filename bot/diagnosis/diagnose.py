@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from bot.diagnosis import cmdline
 from bot.diagnosis import render
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
-from bot.diagnosis.formulas import FORMULAS, Computed, Context, NoSafeChange
+from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, run_formula
 from bot.diagnosis.logfacts import LogFacts, extract
 from bot.diagnosis.models import BundleError, Change, DiagnosisResult, Evidence
 from bot.diagnosis.playbooks import Condition, Playbook, default_playbooks
@@ -66,21 +66,10 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
             continue
         changes, arithmetic, note, cautions = _first_fix(book, ctx)
         new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
-        explanation = _fill(book.explanation, signals)
-        if arithmetic:
-            explanation += "\n" + "\n".join(arithmetic)
-        if note:
-            explanation += "\n" + note
-        if cautions:
-            explanation += "\nCaution: " + " ".join(cautions)
-        if not changes and not arithmetic:
-            explanation += "\nThe evidence does not hold the numbers to compute a safe change; none is proposed."
-        elif not changes:
-            explanation += "\nNo change is proposed."
         return DiagnosisResult(
             cause=book.id,
             title=book.title,
-            explanation=explanation,
+            explanation=_explain(book, signals, changes, arithmetic, note, cautions),
             evidence=_evidence_lines(book, signals, matched_lines, facts),
             changes=changes,
             confidence=("medium" if cautions and book.confidence == "high" else book.confidence) if changes else "low",
@@ -89,6 +78,22 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         )
 
     return _unknown(facts, signals, base)
+
+
+def _explain(book: Playbook, signals: Signals, changes: list[Change], arithmetic: list[str], note: str | None,
+             cautions: list[str]) -> str:
+    explanation = _fill(book.explanation, signals)
+    if arithmetic:
+        explanation += "\n" + "\n".join(arithmetic)
+    if note:
+        explanation += "\n" + note
+    if cautions:
+        explanation += "\nCaution: " + " ".join(cautions)
+    if not changes and not arithmetic:
+        explanation += "\nThe evidence does not hold the numbers to compute a safe change; none is proposed."
+    elif not changes:
+        explanation += "\nNo change is proposed."
+    return explanation
 
 
 def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str]) -> bool:
@@ -130,7 +135,7 @@ def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], s
         computed: list[tuple[Any, Computed]] = []
         for spec in fix.changes:
             try:
-                result = FORMULAS[spec.value](ctx)
+                result = run_formula(spec.value, ctx, Target(spec.kind, spec.name), spec.params)
             except NoSafeChange as exc:
                 reasons.append(str(exc))
                 break

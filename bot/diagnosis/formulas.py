@@ -1,23 +1,36 @@
 """Named formulas that turn evidence numbers into a proposed value, with the arithmetic shown.
 
-A playbook's change says `value: <formula name>`. Each formula returns a Computed (the new
-value, the current one, and one sentence of arithmetic a human can check) or None when the
-evidence does not hold the numbers it needs; then the playbook's next fix is tried.
+A playbook's change says `value: <formula name>` and, when the formula takes any, its
+parameters under `params:`. A formula's parameters are its keyword-only arguments: their type
+(str, int, float or bool) and default are what the playbook loader checks. Each formula returns
+a Computed (the new value, the current one, and one sentence of arithmetic a human can check)
+or None when the evidence does not hold the numbers it needs; then the playbook's next fix is
+tried. `constant` proposes a value written in the playbook, so a fixed-value fix needs no Python.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Callable
+import typing
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
 
 from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.evidence import format_gib_quantity, parse_quantity, pick_container
 from bot.diagnosis.logfacts import LogFacts
 from bot.diagnosis.models import NodeView, PodView
 from bot.diagnosis.signals import Signals, gib
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the change being computed sets: its kind and name as the playbook spells them."""
+
+    kind: str
+    name: str
 
 
 @dataclass
@@ -28,6 +41,7 @@ class Context:
     pod: PodView
     node: NodeView
     raw_pod: dict[str, Any] | None
+    target: Target | None = None  # set per change by run_formula
 
 
 @dataclass
@@ -42,13 +56,41 @@ class NoSafeChange(Exception):
     """The numbers are known and say that no value of this change can work (e.g. nothing free)."""
 
 
-Formula = Callable[[Context], Computed | None]
+Formula = Callable[..., Computed | None]
 FORMULAS: dict[str, Formula] = {}
+PARAMETER_TYPES = (str, int, float, bool)
 
 
 def formula(fn: Formula) -> Formula:
     FORMULAS[fn.__name__] = fn
+    for p in parameters(fn.__name__).values():
+        if p.type not in PARAMETER_TYPES:  # a playbook can only write these in YAML
+            raise TypeError(f"formula {fn.__name__}: parameter {p.name} must be one of str, int, float, bool")
     return fn
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    type: type
+    default: Any = inspect.Parameter.empty
+
+    @property
+    def required(self) -> bool:
+        return self.default is inspect.Parameter.empty
+
+
+def parameters(name: str) -> dict[str, Parameter]:
+    """The parameters a playbook may give formula `name`: its keyword-only arguments."""
+    fn = FORMULAS[name]
+    hints = typing.get_type_hints(fn)
+    return {p.name: Parameter(p.name, hints[p.name], p.default)
+            for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def run_formula(name: str, ctx: Context, target: Target, params: Mapping[str, Any]) -> Computed | None:
+    """Compute one change's value: formula `name` with the playbook's parameters."""
+    return FORMULAS[name](replace(ctx, target=target), **params)
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -151,18 +193,17 @@ def max_model_len_that_fits(ctx: Context) -> Computed | None:
 
 
 @formula
-def utilization_for_free_memory(ctx: Context) -> Computed | None:
-    """Ask for no more than the GPU had free at start-up (or what other processes left)."""
+def utilization_for_free_memory(ctx: Context, *, margin_gib: float = 0.1) -> Computed | None:
+    """Ask for no more than the GPU had free at start-up (less `margin_gib`), or what other processes left."""
     s = ctx.signals
     util, raw = current_utilization(ctx)
     total = s.get("gpu_total_gib")
     if s.get("free_at_start_gib") is not None and total:
         free = s.get("free_at_start_gib")
-        margin = 0.1
-        new = math.floor((free - margin) / total * 100) / 100
+        new = math.floor((free - margin_gib) / total * 100) / 100
         text = (f"{gib(free)} of {gib(total)} was free at start-up but utilization {util} asks for "
-                f"{util} x {gib(total)} = {gib(util * total)}; ({free} - {margin} GiB margin) / {total} = "
-                f"{(free - margin) / total:.4f}, rounded down to {fmt_util(new)}")
+                f"{util} x {gib(total)} = {gib(util * total)}; ({free} - {margin_gib} GiB margin) / {total} = "
+                f"{(free - margin_gib) / total:.4f}, rounded down to {fmt_util(new)}")
     elif s.get("other_processes_gib") and total:
         others = s.get("other_processes_gib")
         usable = total - others - 0.5
@@ -189,13 +230,12 @@ def utilization_for_free_memory(ctx: Context) -> Computed | None:
 
 
 @formula
-def utilization_raise_for_kv(ctx: Context) -> Computed | None:
-    """Give the KV cache room: from the profiling breakdown when the log has it, else one step."""
+def utilization_raise_for_kv(ctx: Context, *, cap: float = 0.95) -> Computed | None:
+    """Give the KV cache room: from the profiling breakdown when the log has it, else one step (never above `cap`)."""
     s = ctx.signals
     util, raw = current_utilization(ctx)
     total = s.get("total_gpu_gib") or s.get("gpu_total_gib")
     weights, act, non_torch = s.get("weights_gib"), s.get("activation_gib"), s.get("non_torch_gib")
-    cap = 0.95
     needed, available = s.get("kv_needed_gib"), s.get("available_kv_gib")
     if total and needed is not None and available is not None and needed > available:
         new = math.ceil((util + (needed - available) / total) * 100) / 100 + 0.01
@@ -503,7 +543,7 @@ def cpu_offload_for_weights(ctx: Context) -> Computed | None:
 
 
 @formula
-def memory_limit_raise(ctx: Context) -> Computed | None:
+def memory_limit_raise(ctx: Context, *, factor: float = 1.5) -> Computed | None:
     container = ctx.pod.container
     if not container or not container.limits.get("memory"):
         return None
@@ -513,9 +553,9 @@ def memory_limit_raise(ctx: Context) -> Computed | None:
     s = ctx.signals
     world = max(1, s.get("world_size") or 1)
     pinned = (float(ctx.cmd.get("--swap-space") or 0) + float(ctx.cmd.get("--cpu-offload-gb") or 0)) * world * 2**30
-    new = max(current * 1.5, current + pinned)
+    new = max(current * factor, current + pinned)
     new = int(math.ceil(new / (8 * 2**30)) * 8 * 2**30)
-    text = f"{container.limits['memory']} x 1.5"
+    text = f"{container.limits['memory']} x {factor:g}"
     if pinned:
         text = f"max({text}, {container.limits['memory']} + {pinned / 2**30:.0f} GiB pinned swap/offload for {world} worker(s))"
     text += f", rounded up to a multiple of 8 GiB = {format_gib_quantity(new)}"
@@ -626,3 +666,43 @@ def expandable_segments(ctx: Context) -> Computed | None:
                 f"the memory was there but fragmented")
     return Computed(after=new, before=current,
                     arithmetic=text + "; expandable segments let the allocator grow blocks instead of splitting them.")
+
+
+# ---- values written in the playbook -------------------------------------------------------
+
+
+def current_value(ctx: Context) -> str | None:
+    """The value the change's target has now in the container (None when it is not set)."""
+    target, container = ctx.target, ctx.pod.container
+    if target is None:
+        return None
+    if target.kind == "flag":
+        return ctx.cmd.get(target.name)
+    if container is None:
+        return None
+    if target.kind == "env":
+        return container.env.get(target.name)
+    if target.kind == "resources":
+        section, _, key = target.name.partition(".")
+        return (container.limits if section == "limits" else container.requests).get(key)
+    if target.kind == "volume":  # the pod view follows the one memory volume that matters: /dev/shm
+        volume = ctx.pod.shm_volume if target.name == "/dev/shm" else None
+        return str((volume.get("emptyDir") or {}).get("sizeLimit") or "unbounded") if volume else None
+    raw_container = pick_container(ctx.raw_pod or {}, container.name) or {}
+    probe = raw_container.get(target.name)  # kind probe: startupProbe, livenessProbe, ...
+    return json.dumps(probe, separators=(",", ":")) if probe else None
+
+
+def _same_value(a: str, b: str) -> bool:
+    """Equal as written, or the same boolean spelled differently ("True" and "true")."""
+    a, b = a.strip(), b.strip()
+    return a == b or (a.lower() == b.lower() and a.lower() in {"true", "false"})
+
+
+@formula
+def constant(ctx: Context, *, value: str, reason: str) -> Computed | None:
+    """The value the playbook writes; nothing to change when the container already has it."""
+    before = current_value(ctx)
+    if before is not None and _same_value(before, value):
+        return None
+    return Computed(after=value, before=before, arithmetic=reason.strip().rstrip(".") + ".")

@@ -3,7 +3,10 @@
 A playbook says when it matches (conditions over log lines, facts and the pod), how specific
 it is (priority: the stage where vLLM died beats boilerplate hints), how to explain it, and
 which changes it may propose. The values of those changes come from named formulas in
-`bot.formulas`; the YAML names them, so a typo is caught at load with the file and field.
+`bot.diagnosis.formulas` (with their `params:`); the YAML names them, so a typo is caught at
+load with the file and field. So are unknown signals (in `when`, `evidence` and explanation
+placeholders), vLLM flags not in vllm_flags.yaml, unknown VLLM_/PYTORCH_ variables and
+resource names Kubernetes would not take.
 
 Condition grammar (a list means: all must hold):
     - log: 'regex'            a line of the log matches (the regex must hold a literal of 4+
@@ -18,17 +21,23 @@ Condition grammar (a list means: all must hold):
 
 from __future__ import annotations
 
+import logging
 import re
+import string
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Iterable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from bot.diagnosis.models import ChangeKind
 
+log = logging.getLogger(__name__)
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "playbooks"
+VLLM_NAMES_FILE = Path(__file__).with_name("vllm_flags.yaml")
 
 
 class PlaybookError(Exception):
@@ -68,11 +77,7 @@ class Condition(Strict):
             if not self.gate():
                 raise ValueError("`log` regex has no literal of 4+ characters: add `literal:`")
         if self.signal is not None:
-            from bot.diagnosis.signals import SIGNALS
-
-            if self.signal not in SIGNALS:
-                close = _close(self.signal, SIGNALS)
-                raise ValueError(f"unknown signal {self.signal!r}{close}")
+            known_signal(self.signal)
         return self
 
     def gate(self) -> str | None:
@@ -90,13 +95,154 @@ class Condition(Strict):
         return [x for x in out if x]
 
 
+def known_signal(name: str) -> str:
+    from bot.diagnosis.signals import SIGNALS
+
+    if name not in SIGNALS:
+        raise ValueError(f"unknown signal {name!r}{_close(name, SIGNALS)}")
+    return name
+
+
+SignalName = Annotated[str, AfterValidator(known_signal)]
+
+
+def template_signals(template: str) -> list[str]:
+    """The signal names a `{signal}` template fills in (format specs and [[...]] parts included)."""
+    try:
+        fields = [f[1] for f in string.Formatter().parse(template) if f[1] is not None]
+    except ValueError as exc:
+        raise ValueError(f"{exc} (write {{{{ or }}}} for a literal brace)") from None
+    names = []
+    for field in fields:
+        m = re.fullmatch(r"([A-Za-z_]\w*)", field)
+        if not m:
+            raise ValueError(f"placeholder {{{field}}} must be a signal name, such as {{gpu_total_gib}}")
+        names.append(m.group(1))
+    return names
+
+
+# ---- the names a change may set -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VllmNames:
+    flags: dict[str, dict[str, str]]  # flag -> {since, until} where known
+    env: frozenset[str]  # VLLM_* variables vLLM reads
+    pytorch_env: frozenset[str]  # PYTORCH_* variables PyTorch reads
+
+
+@lru_cache(maxsize=1)
+def vllm_names() -> VllmNames:
+    """vLLM's flags and environment variables, from the data file shipped with the package."""
+    doc = yaml.safe_load(VLLM_NAMES_FILE.read_text(encoding="utf-8"))
+    return VllmNames(flags={k: dict(v or {}) for k, v in doc["flags"].items()}, env=frozenset(doc["env"]),
+                     pytorch_env=frozenset(doc["pytorch_env"]))
+
+
+_CORE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_VENDOR_RESOURCES = {"nvidia.com": r"gpu|mig-\d+g\.\d+gb", "amd.com": r"gpu"}
+_PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
+_PROBE_FIELDS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "failureThreshold", "successThreshold",
+                 "terminationGracePeriodSeconds")
+
+
+def check_flag(name: str) -> None:
+    if not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", name):
+        raise ValueError(f"flag name {name!r} must be in --dash-form")
+    flags = vllm_names().flags
+    if name not in flags:
+        raise ValueError(f"{name!r} is not a vLLM flag{_close(name, flags)} (the known flags are in "
+                         f"bot/diagnosis/{VLLM_NAMES_FILE.name})")
+
+
+def check_env(name: str) -> None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"environment variable {name!r} must be letters, digits and _")
+    names = vllm_names()
+    for prefix, known, owner in (("VLLM_", names.env, "vLLM"), ("PYTORCH_", names.pytorch_env, "PyTorch")):
+        if name.startswith(prefix) and name not in known:
+            raise ValueError(f"{name!r} is not a variable {owner} reads{_close(name, known)}")
+
+
+def check_resource(name: str) -> None:
+    section, _, resource = name.partition(".")
+    if section not in ("limits", "requests") or not resource:
+        raise ValueError(f"resource name {name!r} must look like limits.memory or requests.cpu")
+    domain, slash, rest = resource.rpartition("/")
+    if not slash:
+        if resource in _CORE_RESOURCES or re.fullmatch(r"hugepages-\d+[KMG]i", resource):
+            return
+    elif "." in domain and re.fullmatch(_VENDOR_RESOURCES.get(domain, r"[a-z0-9][a-z0-9._-]*"), rest):
+        return
+    known = [*_CORE_RESOURCES, "nvidia.com/gpu", "amd.com/gpu"]
+    raise ValueError(f"{resource!r} is not a Kubernetes resource{_close(resource, known)}")
+
+
+def check_probe(name: str) -> None:
+    probe, _, field = name.partition(".")
+    if probe not in _PROBES:
+        raise ValueError(f"probe {probe!r} must be one of {', '.join(_PROBES)}{_close(probe, _PROBES)}")
+    if field and field not in _PROBE_FIELDS:
+        raise ValueError(f"{field!r} is not a probe field{_close(field, _PROBE_FIELDS)}")
+
+
+def check_volume(name: str) -> None:
+    if not name.startswith("/"):
+        raise ValueError(f"volume name {name!r} must be the mount path, such as /dev/shm")
+
+
+NAME_CHECKS = {"flag": check_flag, "env": check_env, "resources": check_resource, "probe": check_probe,
+               "volume": check_volume}
+
+
+# ---- a change, a fix, a playbook ------------------------------------------------------------
+
+
+_TYPE_WORDS = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
+
+
+def _param_fits(value: Any, want: type) -> bool:
+    if isinstance(value, bool):
+        return want is bool
+    return isinstance(value, want) or (want is float and isinstance(value, int))
+
+
+def check_params(formula: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The playbook's `params` for a formula: every name known, every value of its type, none missing."""
+    from bot.diagnosis.formulas import parameters
+
+    known = parameters(formula)
+    for name, value in params.items():
+        if name not in known:
+            takes = f"; it takes {', '.join(known)}" if known else "; it takes none"
+            raise ValueError(f"formula {formula!r} has no parameter {name!r}{_close(name, known)}{takes}")
+        want = known[name].type
+        if not _param_fits(value, want):
+            hint = f' (write it in quotes: "{value}")' if want is str else ""
+            raise ValueError(f"parameter {name!r} of formula {formula!r} must be {_TYPE_WORDS[want]}, "
+                             f"not {value!r}{hint}")
+    missing = [p.name for p in known.values() if p.required and p.name not in params]
+    if missing:
+        raise ValueError(f"formula {formula!r} needs parameter(s) {', '.join(missing)}")
+    return {k: float(v) if known[k].type is float else v for k, v in params.items()}
+
+
 class ChangeSpec(Strict):
     kind: ChangeKind
     name: str
-    value: str  # formula name in bot.formulas
+    value: str  # formula name in bot.diagnosis.formulas
+    params: dict[str, Any] = Field(default_factory=dict)  # the formula's keyword parameters
     optional: bool = False  # when the formula has nothing to change, the rest of the fix still stands
     min: float | None = None
     max: float | None = None
+
+    @field_validator("name")
+    @classmethod
+    def known_name(cls, v: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if kind is not None:
+            NAME_CHECKS[kind](v)
+        return v
 
     @field_validator("value")
     @classmethod
@@ -107,13 +253,23 @@ class ChangeSpec(Strict):
             raise ValueError(f"unknown formula {v!r}{_close(v, FORMULAS)}")
         return v
 
-    @model_validator(mode="after")
-    def flag_spelling(self) -> "ChangeSpec":
-        if self.kind == "flag" and not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", self.name):
-            raise ValueError(f"flag name {self.name!r} must be in --dash-form")
-        if self.kind == "resources" and not re.fullmatch(r"(limits|requests)\.[\w./-]+", self.name):
-            raise ValueError(f"resource name {self.name!r} must look like limits.memory")
-        return self
+    @field_validator("params")
+    @classmethod
+    def known_params(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        formula = info.data.get("value")
+        if formula is None:
+            return v
+        params = check_params(formula, v)
+        if formula == "constant" and info.data.get("kind") in ("resources", "volume"):
+            _check_quantity(params["value"], info.data.get("name", ""))
+        return params
+
+
+def _check_quantity(value: str, name: str) -> None:
+    from bot.diagnosis.evidence import parse_quantity
+
+    if parse_quantity(value) is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity for {name} (such as 64Gi or 2)")
 
 
 class Fix(Strict):
@@ -131,9 +287,23 @@ class Playbook(Strict):
     confidence: Literal["high", "medium", "low"] = "high"
     when: list[Condition] = Field(min_length=1)
     explanation: str
-    evidence: list[str] = Field(default_factory=list)  # signals whose source lines to show
+    evidence: list[SignalName] = Field(default_factory=list)  # signals whose source lines to show
     fixes: list[Fix] = Field(default_factory=list)
     source: str = ""  # the file it came from
+
+    @field_validator("explanation")
+    @classmethod
+    def placeholders_are_signals(cls, v: str) -> str:
+        for name in template_signals(v):
+            known_signal(name)
+        return v
+
+    @field_validator("title", "summary")
+    @classmethod
+    def shown_as_written(cls, v: str) -> str:
+        if "{" in v or "}" in v:
+            raise ValueError("is shown as written, {placeholders} are not filled in: only `explanation` has them")
+        return v
 
     def literals(self) -> list[str]:
         return [lit for c in self.when for lit in c.literals()]
@@ -242,14 +412,34 @@ def load_file(path: Path) -> Playbook:
     return pb
 
 
-def load_dir(folder: Path | str | None = None) -> list[Playbook]:
-    folder = Path(folder) if folder else DEFAULT_DIR
+def _load_folder(folder: Path) -> list[Playbook]:
     if not folder.is_dir():
         raise PlaybookError(f"{folder}: no playbooks folder")
     books = [load_file(p) for p in sorted(folder.glob("*.yaml"))]
     if not books:
         raise PlaybookError(f"{folder}: no *.yaml playbooks")
+    return books
+
+
+def load_dir(folder: Path | str | None = None) -> list[Playbook]:
+    """The playbooks of one folder (the bundled playbooks/ by default), most specific first."""
+    books = _load_folder(Path(folder) if folder else DEFAULT_DIR)
     return sorted(books, key=lambda b: -b.priority)
+
+
+def load_playbooks(extra_dirs: Iterable[Path | str] = ()) -> list[Playbook]:
+    """The bundled playbooks plus those in `extra_dirs`, most specific first.
+
+    A playbook whose id is already loaded replaces it (a later folder wins), so a team can
+    change a bundled cause without editing the package; each replacement is logged.
+    """
+    by_id = {b.id: b for b in _load_folder(DEFAULT_DIR)}
+    for folder in extra_dirs:
+        for book in _load_folder(Path(folder)):
+            if book.id in by_id:
+                log.info("playbook %s from %s replaces the one from %s", book.id, book.source, by_id[book.id].source)
+            by_id[book.id] = book
+    return sorted(by_id.values(), key=lambda b: -b.priority)
 
 
 @lru_cache(maxsize=8)
