@@ -17,16 +17,16 @@ from urllib.parse import urlencode
 import pytest
 from slack_bolt.request import BoltRequest
 from slack_sdk.signature import SignatureVerifier
+from slackapi import SlackStandIn
+from slackapi.fake_cluster import FakeCluster, kv_diagnosis
 
-from bot.local.store import FolderIncidentStore
-from bot.http.server import BotServer
 from bot.app.records import AlertTarget, MessageRef
 from bot.app.service import OncallService, Policy
+from bot.http.server import BotServer
+from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client
 from bot.slack.payloads import ButtonClick, PayloadError, SlashCommand, click_origin, read
-from slackapi import SlackStandIn
-from slackapi.fake_cluster import FakeCluster, kv_diagnosis
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 NS, DEPLOY, POD = "inference", "vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p"

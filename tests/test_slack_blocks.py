@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from slack_sdk.models.blocks import Block, SectionBlock
 
-from bot.diagnosis.models import Change, DiagnosisResult
 from bot.app.records import Incident
+from bot.diagnosis.models import Change, DiagnosisResult
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.slack.blocks import blocks_to_text, incident_message, note_message
 from bot.slack.escape import code_block, escape
 
-NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)
 HOSTILE = "boom <!channel> <@U0BOSS> <!here|here> @here @channel @everyone a&b ```x``` <https://evil|click>"
 
 

@@ -10,15 +10,16 @@ logged line and, where it says who sent it, an answer saying nothing was done.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slack_bolt import Ack, App
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from bot.diagnosis.playbooks import PlaybookError, default_playbooks
 from bot.app.records import MessageRef
 from bot.app.service import OncallService
+from bot.diagnosis.playbooks import PlaybookError, default_playbooks
 from bot.slack.blocks import APPROVE, REJECT, ROLLBACK
 from bot.slack.escape import escape
 from bot.slack.payloads import ButtonClick, ClickOrigin, PayloadError, SlashCommand, click_origin, read

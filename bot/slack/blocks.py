@@ -16,11 +16,20 @@ import shlex
 from datetime import datetime
 from typing import Any
 
-from slack_sdk.models.blocks import (ActionsBlock, Block, ButtonElement, ConfirmObject, ContextBlock, HeaderBlock,
-                                     MarkdownTextObject, PlainTextObject, SectionBlock)
+from slack_sdk.models.blocks import (
+    ActionsBlock,
+    Block,
+    ButtonElement,
+    ConfirmObject,
+    ContextBlock,
+    HeaderBlock,
+    MarkdownTextObject,
+    PlainTextObject,
+    SectionBlock,
+)
 
-from bot.diagnosis.models import DiagnosisResult
 from bot.app.records import Incident
+from bot.diagnosis.models import DiagnosisResult
 from bot.remedy.models import Proposal
 from bot.slack.escape import code_block, escape, inline_code, unescape
 
