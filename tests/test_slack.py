@@ -17,15 +17,16 @@ from urllib.parse import urlencode
 import pytest
 from slack_bolt.request import BoltRequest
 from slack_sdk.signature import SignatureVerifier
-
-from bot.local.store import FolderIncidentStore
-from bot.http.server import BotServer
-from bot.app.records import AlertTarget
-from bot.app.service import OncallService, Policy
-from bot.slack.app import build_app
-from bot.slack.chat import SlackChat, make_client
 from slackapi import SlackStandIn
 from slackapi.fake_cluster import FakeCluster, kv_diagnosis
+
+from bot.app.records import AlertTarget, MessageRef
+from bot.app.service import OncallService, Policy
+from bot.http.server import BotServer
+from bot.local.store import FolderIncidentStore
+from bot.slack.app import build_app
+from bot.slack.chat import SlackChat, make_client
+from bot.slack.payloads import ButtonClick, PayloadError, SlashCommand, click_origin, read
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 NS, DEPLOY, POD = "inference", "vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p"
@@ -46,8 +47,8 @@ def command_body(text: str, user: str = "U0ASKER", channel: str = "C0HERE") -> s
                       "trigger_id": "1.2.3"})
 
 
-def click_body(action_id: str, incident: str, user: str, ts: str, channel: str = CHANNEL) -> str:
-    payload = {"type": "block_actions", "api_app_id": "A0APP", "team": {"id": "T0STANDIN", "domain": "standin"},
+def click_payload(action_id: str, incident: str, user: str, ts: str, channel: str = CHANNEL) -> dict:
+    return {"type": "block_actions", "api_app_id": "A0APP", "team": {"id": "T0STANDIN", "domain": "standin"},
                "user": {"id": user, "team_id": "T0STANDIN", "username": user.lower()},
                "channel": {"id": channel, "name": "inference-oncall"},
                "container": {"type": "message", "message_ts": ts, "channel_id": channel, "is_ephemeral": False},
@@ -55,11 +56,15 @@ def click_body(action_id: str, incident: str, user: str, ts: str, channel: str =
                "trigger_id": "4.5.6", "response_url": "https://hooks.slack.invalid/actions/1",
                "actions": [{"action_id": action_id, "block_id": "decision", "value": incident, "type": "button",
                             "action_ts": str(time.time())}]}
-    return urlencode({"payload": json.dumps(payload)})
+
+
+def click_body(action_id: str, incident: str, user: str, ts: str, channel: str = CHANNEL) -> str:
+    return urlencode({"payload": json.dumps(click_payload(action_id, incident, user, ts, channel))})
 
 
 class Bot:
-    def __init__(self, slack: SlackStandIn, folder, ttl: timedelta = timedelta(hours=1), sleep=time.sleep):
+    def __init__(self, slack: SlackStandIn, folder, ttl: timedelta = timedelta(hours=1), sleep=time.sleep,
+                 diagnose=kv_diagnosis):
         self.slack = slack
         self.cluster = FakeCluster()
         self.cluster.add_pod(NS, POD, DEPLOY)
@@ -69,7 +74,7 @@ class Bot:
         self.service = OncallService(self.cluster, FolderIncidentStore(folder), self.chat,
                                      Policy(approver_users=frozenset({APPROVER}),
                                             approver_groups=frozenset({"S0ONCALL"}), proposal_ttl=ttl),
-                                     metrics=self.chat.metrics, diagnose=kv_diagnosis)
+                                     metrics=self.chat.metrics, diagnose=diagnose)
         # token verification on: Bolt calls auth.test, which the stand-in answers
         self.app = build_app(self.service, client, signing_secret=SECRET, default_namespace=NS)
 
@@ -270,4 +275,90 @@ def test_why_in_a_channel_the_bot_is_not_in_falls_back_to_the_alert_channel(bot,
     bot.dispatch(command_body(f"why {NS}/{DEPLOY}", channel="C0NOTMEMBER"))
     assert slack.wait_for(lambda: len(slack.posts()) == 1)
     assert slack.posts()[0].params["channel"] == CHANNEL
-    assert bot.service.store.list()[0].slack_channel == CHANNEL
+    # the stand-in records the post before it answers; the bot stores the channel after the answer
+    assert slack.wait_for(lambda: bot.service.store.list()[0].slack_channel == CHANNEL)
+
+
+def tracebacks(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.exc_info]
+
+
+def test_click_without_a_value_is_answered_and_changes_nothing(bot, slack, caplog):
+    incident = bot.alert()
+    payload = click_payload("vllm_approve", incident.name, APPROVER, incident.slack_ts)
+    del payload["actions"][0]["value"]
+    assert bot.dispatch(urlencode({"payload": json.dumps(payload)})).status == 200
+    assert slack.wait_for(lambda: slack.delivered("chat.postEphemeral"))
+    told = slack.delivered("chat.postEphemeral")[0].params
+    assert told["user"] == APPROVER and told["channel"] == CHANNEL and "could not be read" in told["text"]
+    unreadable = [r.getMessage() for r in caplog.records if "could not read" in r.getMessage()]
+    assert unreadable == ["could not read a button click (approve): ButtonClick: actions.0.value: Field required"]
+    assert tracebacks(caplog) == [] and bot.cluster.applied == []
+    assert bot.service.store.get(incident.name).state == "proposed"
+
+
+@pytest.mark.parametrize("spoil", [lambda p: p.pop("user"), lambda p: p.update(user="U0APPROVER")],
+                         ids=["no user", "user not an object"])
+def test_click_from_nobody_is_logged_once_and_ignored(bot, slack, caplog, spoil):
+    incident = bot.alert()
+    payload = click_payload("vllm_approve", incident.name, APPROVER, incident.slack_ts)
+    spoil(payload)
+    assert bot.dispatch(urlencode({"payload": json.dumps(payload)})).status == 200
+    assert slack.wait_for(lambda: any("could not read" in r.getMessage() for r in caplog.records))
+    assert tracebacks(caplog) == [] and bot.cluster.applied == []
+    assert slack.delivered("chat.postEphemeral") == []  # nobody to tell
+    assert bot.service.store.get(incident.name).state == "proposed"
+
+
+def test_command_without_user_or_channel_is_answered_without_a_traceback(bot, slack, caplog):
+    body = urlencode({"team_id": "T0STANDIN", "api_app_id": "A0APP", "command": "/vllm", "text": f"why {POD}"})
+    response = bot.dispatch(body)
+    assert response.status == 200 and "could not be read" in response.body
+    assert [r.getMessage() for r in caplog.records if "could not read" in r.getMessage()] == [
+        "could not read a /vllm command: SlashCommand: user_id: Field required; channel_id: Field required"]
+    assert tracebacks(caplog) == [] and bot.cluster.collected == 0 and slack.posts() == []
+
+
+def test_a_long_log_excerpt_still_posts_truncated(slack, tmp_path):
+    lines = [f"line {n}: " + "RuntimeError: CUDA error: out of memory <!here> " * 8 for n in range(200)]
+
+    def long_diagnosis(evidence=None):
+        return kv_diagnosis().model_copy(update={"evidence": lines, "explanation": "x" * 5000})
+
+    bot = Bot(slack, tmp_path, diagnose=long_diagnosis)
+    incident = bot.alert()
+    post = slack.posts()[0]
+    assert post.ok and incident.slack_ts
+    sections = [b["text"]["text"] for b in post.params["blocks"] if b["type"] == "section" and "text" in b]
+    assert all(len(text) <= 3000 for text in sections)
+    evidence = next(text for text in sections if text.startswith("*Evidence*"))
+    assert "line 0: RuntimeError" in evidence and evidence.endswith("… (truncated)")
+    assert "<!here>" not in evidence
+    bot.click("vllm_approve", incident, APPROVER)  # the update of the same long message posts too
+    assert slack.wait_for(lambda: any("Applied by <@U0APPROVER>" in blocks_text(update)
+                                      for update in slack.delivered("chat.update")))
+
+
+def test_click_payload_reads_into_the_fields_the_bot_uses():
+    click = read(ButtonClick, click_payload("vllm_reject", "inc-1", APPROVER, "17.000100"))
+    assert (click.incident, click.user_id, click.actions[0].action_id) == ("inc-1", APPROVER, "vllm_reject")
+    assert click.message_ref == MessageRef(channel=CHANNEL, ts="17.000100")
+    only_container = click_payload("vllm_reject", "inc-1", APPROVER, "17.000100")
+    del only_container["channel"], only_container["message"]  # Slack names the message twice; one is enough
+    assert read(ButtonClick, only_container).message_ref == MessageRef(channel=CHANNEL, ts="17.000100")
+    del only_container["container"]
+    assert read(ButtonClick, only_container).message_ref is None
+
+
+def test_unreadable_payloads_name_what_is_missing_in_one_line():
+    empty_value = click_payload("vllm_approve", "", APPROVER, "1.0")
+    with pytest.raises(PayloadError) as err:
+        read(ButtonClick, empty_value)
+    assert str(err.value).startswith("ButtonClick: actions.0.value: ") and "\n" not in str(err.value)
+    with pytest.raises(PayloadError, match="^ButtonClick: actions: "):
+        read(ButtonClick, {**empty_value, "actions": []})
+    assert click_origin("not a payload").user is None and click_origin({"user": 7}).channel_id is None
+    asked = read(SlashCommand, {"user_id": "U1", "channel_id": "C1", "text": None})
+    assert (asked.verb, asked.argument) == ("", "")
+    asked = read(SlashCommand, {"user_id": "U1", "channel_id": "C1", "text": "  WHY   inference/pod-1 "})
+    assert (asked.verb, asked.argument) == ("why", "inference/pod-1")

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from bot.diagnosis.models import Change, DiagnosisResult
+import pytest
+from slack_sdk.models.blocks import Block, SectionBlock
+
 from bot.app.records import Incident
+from bot.diagnosis.models import Change, DiagnosisResult
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.slack.blocks import blocks_to_text, incident_message, note_message
 from bot.slack.escape import code_block, escape
 
-NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)
 HOSTILE = "boom <!channel> <@U0BOSS> <!here|here> @here @channel @everyone a&b ```x``` <https://evil|click>"
 
 
@@ -115,3 +118,46 @@ def test_thread_note_with_rollback_and_terminal_rendering():
     text = blocks_to_text(incident_message(incident())[1])
     assert "[Approve] (asks: Patch Deployment inference/vllm-llama3-8b" in text and "[Reject]" in text
     assert "<!channel>" in text  # the terminal shows the literal log text; only Slack needs escaping
+
+
+def long_incident() -> Incident:
+    """Everything that comes from outside, far longer than Slack accepts."""
+    lines = [f"line {n}: " + "x" * 300 + " <!here> ```" for n in range(60)]
+    long = incident(state="proposed")
+    return long.model_copy(update={
+        "namespace": "n" * 120, "workload": "w" * 120, "pods": [f"pod-{n}-" + "p" * 200 for n in range(12)],
+        "diagnosis": diagnosis(title="T" * 4000, explanation="e" * 5000, evidence=lines, memory_picture="m" * 4000,
+                               node="node-" * 500, gpu="g" * 3000)})
+
+
+def validated(blocks) -> list[dict]:
+    """Each block read back into slack_sdk's model and written out again, which checks Slack's limits."""
+    return [Block.parse(block).to_dict() for block in blocks]
+
+
+@pytest.mark.parametrize("state", ["proposed", "diagnosed", "applied", "rejected", "rolled-back", "resolved"])
+def test_blocks_validate_through_slack_sdk(state):
+    _, blocks = incident_message(incident(state=state, approver="U0APPROVER", decided_at=NOW))
+    assert validated(blocks) == blocks
+    _, note = note_message(":x: crashed again", diagnosis(), rollback_incident="inc-1")
+    assert validated(note) == note
+
+
+def test_texts_longer_than_slack_allows_are_cut_before_posting():
+    text, blocks = incident_message(long_incident())
+    assert validated(blocks) == blocks  # nothing raises: every text was fitted first
+    sections = [b["text"]["text"] for b in blocks if b["type"] == "section" and "text" in b]
+    assert all(len(t) <= SectionBlock.text_max_length for t in sections)
+    assert all(len(f["text"]) <= 2000 for b in blocks for f in b.get("fields") or [])
+    evidence = next(t for t in sections if t.startswith("*Evidence*"))
+    assert evidence.startswith("*Evidence* (from the previous container's log and the pod)\n```\nline 0: xxx")
+    assert evidence.endswith("… (truncated)")
+    assert len(blocks[0]["text"]["text"]) == 150  # the header, cut to Slack's 150
+    assert buttons(blocks)[0]["value"] == incident().name
+    _, note = note_message("z" * 5000, long_incident().diagnosis, rollback_incident="inc-1")
+    assert validated(note) == note and note[0]["text"]["text"].endswith("… (truncated)")
+
+
+def test_an_empty_note_still_makes_a_valid_block():
+    _, blocks = note_message("")
+    assert validated(blocks) == blocks and blocks[0]["text"]["text"].strip() == ""

@@ -2,22 +2,27 @@
 
 Every listener acks first (Slack wants an answer within 3 s) and then calls the service; Bolt
 runs the rest of the listener in its own thread pool. The handlers only translate Slack's
-payloads into service calls: who may click, and what a click does, is decided in the service.
+payloads (read into the typed models of bot/slack/payloads.py) into service calls: who may
+click, and what a click does, is decided in the service. A payload that cannot be read gets one
+logged line and, where it says who sent it, an answer saying nothing was done.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from slack_bolt import Ack, App
 from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
 
-from bot.diagnosis.playbooks import PlaybookError, default_playbooks
 from bot.app.records import MessageRef
 from bot.app.service import OncallService
+from bot.diagnosis.playbooks import PlaybookError, default_playbooks
 from bot.slack.blocks import APPROVE, REJECT, ROLLBACK
 from bot.slack.escape import escape
+from bot.slack.payloads import ButtonClick, ClickOrigin, PayloadError, SlashCommand, click_origin, read
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +31,10 @@ HELP = """*`/vllm` — vLLM crash-loop helper* (cluster {cluster})
 • `/vllm playbooks` — the causes the bot recognises and what each one changes.
 • `/vllm help` — this text.
 Proposals come with *Approve* / *Reject* buttons; only configured approvers may click them, and each proposal works once and expires."""
+
+
+COMMAND_UNREADABLE = "Sorry, this `/vllm` command could not be read, so nothing was done. Please try again."
+CLICK_UNREADABLE = "Sorry, this click could not be read, so nothing was changed. Please try again."
 
 
 def playbooks_text() -> str:
@@ -39,12 +48,6 @@ def playbooks_text() -> str:
     return "\n".join(lines)
 
 
-def _clicked(body: dict[str, Any]) -> MessageRef | None:
-    channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
-    ts = (body.get("message") or {}).get("ts") or (body.get("container") or {}).get("message_ts")
-    return MessageRef(channel=channel, ts=ts) if channel and ts else None
-
-
 def build_app(service: OncallService, client: WebClient, signing_secret: str | None = None,
               token_verification_enabled: bool = True, default_namespace: str = "default") -> App:
     app = App(client=client, signing_secret=signing_secret or "", token_verification_enabled=token_verification_enabled,
@@ -52,31 +55,56 @@ def build_app(service: OncallService, client: WebClient, signing_secret: str | N
 
     @app.command("/vllm")
     def vllm_command(ack: Ack, command: dict[str, Any]) -> None:
-        verb, _, rest = (command.get("text") or "").strip().partition(" ")
-        verb, rest = verb.lower(), rest.strip()
-        if verb in ("", "help"):
-            ack(HELP.format(cluster=escape(service.cluster.name), namespace=escape(default_namespace)))
-        elif verb == "playbooks":
-            ack(playbooks_text())
-        elif verb == "why" and rest:
-            ack(f"Looking at `{escape(rest)}` in cluster {escape(service.cluster.name)}…")
-            service.answer_why(rest, channel=command["channel_id"], user=command["user_id"])
-        elif verb == "why":
-            ack("Usage: `/vllm why POD`, `/vllm why NAMESPACE/POD` or `/vllm why DEPLOYMENT`.")
-        else:
-            ack(f"Unknown command `{escape(verb)}`.\n"
-                + HELP.format(cluster=escape(service.cluster.name), namespace=escape(default_namespace)))
+        try:
+            asked = read(SlashCommand, command)
+        except PayloadError as exc:
+            log.warning("could not read a /vllm command: %s", exc)
+            ack(COMMAND_UNREADABLE)
+            return
+        answer_command(service, asked, ack, default_namespace)
 
-    def on_click(use_case: str):
+    def on_click(use_case: str, decide: Callable[[str, str, MessageRef | None], str]):
         def handler(ack: Ack, body: dict[str, Any]) -> None:
             ack()
-            name = body["actions"][0]["value"]
-            user = body["user"]["id"]
-            outcome = getattr(service, use_case)(name, user, _clicked(body))
-            log.info("%s on %s by %s: %s", use_case, name, user, outcome)
+            try:
+                click = read(ButtonClick, body)
+            except PayloadError as exc:
+                log.warning("could not read a button click (%s): %s", use_case, exc)
+                tell_unreadable_click(client, click_origin(body))
+                return
+            outcome = decide(click.incident, click.user_id, click.message_ref)
+            log.info("%s on %s by %s: %s", use_case, click.incident, click.user_id, outcome)
         return handler
 
-    app.action(APPROVE)(on_click("approve"))
-    app.action(REJECT)(on_click("reject"))
-    app.action(ROLLBACK)(on_click("roll_back"))
+    app.action(APPROVE)(on_click("approve", service.approve))
+    app.action(REJECT)(on_click("reject", service.reject))
+    app.action(ROLLBACK)(on_click("roll_back", service.roll_back))
     return app
+
+
+def answer_command(service: OncallService, asked: SlashCommand, ack: Ack, default_namespace: str) -> None:
+    verb, rest = asked.verb, asked.argument
+    help_text = HELP.format(cluster=escape(service.cluster.name), namespace=escape(default_namespace))
+    if verb in ("", "help"):
+        ack(help_text)
+    elif verb == "playbooks":
+        ack(playbooks_text())
+    elif verb == "why" and rest:
+        ack(f"Looking at `{escape(rest)}` in cluster {escape(service.cluster.name)}…")
+        service.answer_why(rest, channel=asked.channel_id, user=asked.user_id)
+    elif verb == "why":
+        ack("Usage: `/vllm why POD`, `/vllm why NAMESPACE/POD` or `/vllm why DEPLOYMENT`.")
+    else:
+        ack(f"Unknown command `{escape(verb)}`.\n" + help_text)
+
+
+def tell_unreadable_click(client: WebClient, origin: ClickOrigin) -> None:
+    """Tell whoever clicked that nothing happened, if the payload says who and where."""
+    user, channel = (origin.user.id if origin.user else None), origin.channel_id
+    if not (user and channel):
+        return
+    try:
+        client.chat_postEphemeral(channel=channel, user=user, text=CLICK_UNREADABLE)
+    except (SlackApiError, OSError) as exc:
+        detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc
+        log.warning("could not tell %s that their click was unreadable: %s", user, detail)

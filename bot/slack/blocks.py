@@ -1,5 +1,10 @@
 """Block Kit for an incident: pure functions from the incident to (fallback text, blocks).
 
+Blocks are built with slack_sdk's Block Kit models, which know Slack's limits and refuse
+(raise) instead of cutting; so every text is fitted to its limit here, before a model is built,
+and a long log excerpt ends in "… (truncated)" rather than failing the post. The functions
+return the models' JSON (`to_dict()`, which validates), the form chat.postMessage sends.
+
 Everything that came from a log, a pod or a node goes through escape()/code_block(); our own
 words (labels, states) are written here. Buttons carry only the incident name; the proposal
 itself stays in the store, so a click can never smuggle in a different change.
@@ -11,13 +16,28 @@ import shlex
 from datetime import datetime
 from typing import Any
 
-from bot.diagnosis.models import DiagnosisResult
+from slack_sdk.models.blocks import (
+    ActionsBlock,
+    Block,
+    ButtonElement,
+    ConfirmObject,
+    ContextBlock,
+    HeaderBlock,
+    MarkdownTextObject,
+    PlainTextObject,
+    SectionBlock,
+)
+
 from bot.app.records import Incident
+from bot.diagnosis.models import DiagnosisResult
 from bot.remedy.models import Proposal
-from bot.slack.escape import code_block, escape, inline_code
+from bot.slack.escape import code_block, escape, inline_code, unescape
 
 APPROVE, REJECT, ROLLBACK = "vllm_approve", "vllm_reject", "vllm_rollback"
-SECTION_LIMIT = 2900  # Slack allows 3000 characters per section text
+SECTION_LIMIT = SectionBlock.text_max_length - 100  # a margin below the 3000 Slack allows per section text
+FIELD_LIMIT = 2000  # Slack's limit for one section field; slack_sdk does not check it
+MAX_BLOCKS = 50  # Slack's limit per message; slack_sdk does not check it
+TRUNCATED = "\n… (truncated)"
 STATE_LINES = {
     "proposed": "",
     "diagnosed": "",
@@ -37,10 +57,33 @@ def _time(t: datetime | None) -> str:
     return t.strftime("%Y-%m-%d %H:%M UTC") if t else "?"
 
 
-def _section(text: str) -> dict[str, Any]:
-    if len(text) > SECTION_LIMIT:
-        text = text[: SECTION_LIMIT - 15] + "\n… (truncated)"
-    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+def fit(text: str, limit: int = SECTION_LIMIT) -> str:
+    """The text cut to `limit` characters, saying so at the end when it was cut."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - len(TRUNCATED) - 1] + TRUNCATED
+
+
+def _mrkdwn(text: str, limit: int = SECTION_LIMIT) -> MarkdownTextObject:
+    # An empty text would make slack_sdk drop the "text" key, a block Slack refuses.
+    return MarkdownTextObject(text=fit(text, limit) or " ")
+
+
+def _plain(text: str) -> PlainTextObject:
+    return PlainTextObject(text=text)
+
+
+def _section(text: str, block_id: str | None = None) -> SectionBlock:
+    return SectionBlock(text=_mrkdwn(text), block_id=block_id)
+
+
+def _field(label: str, value: str) -> MarkdownTextObject:
+    return _mrkdwn(f"*{label}*\n{value}", FIELD_LIMIT)
+
+
+def _json(blocks: list[Block]) -> list[dict[str, Any]]:
+    """What Slack is sent; to_dict() checks each block against Slack's limits."""
+    return [block.to_dict() for block in blocks[:MAX_BLOCKS]]
 
 
 def command_line(argv: list[str]) -> str:
@@ -58,50 +101,58 @@ def confirm_text(incident: Incident) -> str:
     w = incident.proposal.workload
     text = f"Patch {w.kind} {w.namespace}/{w.name} (container {w.container}) in cluster {incident.cluster}: " + \
         "; ".join(change_lines(incident.proposal))
-    return escape(text)[:300]
+    return escape(text)[:ConfirmObject.text_max_length]
 
 
 def incident_message(incident: Incident) -> tuple[str, list[dict[str, Any]]]:
     d = incident.diagnosis or DiagnosisResult(cause=incident.cause, title=incident.cause or "No known cause",
                                               explanation="")
-    p = incident.proposal
-    kind = p.workload.kind if p else "workload"
     fallback = escape(f"[{incident.cluster}] {incident.namespace}/{incident.workload}: {d.title}")
-    blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "emoji": True,
-                                    "text": f"vLLM crash loop: {incident.namespace}/{incident.workload}"[:150]}},
-        {"type": "section", "fields": [
-            {"type": "mrkdwn", "text": f"*Cluster*\n{escape(incident.cluster)}"},
-            {"type": "mrkdwn", "text": f"*{escape(kind)}*\n{escape(incident.namespace)}/{escape(incident.workload)}"},
-            {"type": "mrkdwn", "text": f"*Pod / container*\n{escape(d.pod or ', '.join(incident.pods))} / "
-                                       f"{escape(d.container or '?')}"},
-            {"type": "mrkdwn", "text": f"*Node*\n{escape(d.node or 'unknown')}"},
-            {"type": "mrkdwn", "text": f"*GPU*\n{escape(d.gpu or 'unknown')}"},
-            {"type": "mrkdwn", "text": f"*Restarts*\n{incident.restarts if incident.restarts is not None else '?'}"},
-        ]},
-        _section(f"*Cause:* {escape(d.title)}" + (f"  ({inline_code(d.cause)}, {d.confidence} confidence)"
-                                                  if d.cause else "")),
-    ]
-    if d.explanation:
-        blocks.append(_section(escape(d.explanation)))
-    if d.evidence:
-        lines = list(dict.fromkeys(d.evidence))  # the same line twice says nothing new
-        blocks.append(_section("*Evidence* (from the previous container's log and the pod)\n"
-                               + code_block("\n".join(lines))))
-    if d.memory_picture:
-        blocks.append(_section("*GPU memory*\n" + code_block(d.memory_picture)))
-    blocks.extend(_proposal_blocks(incident))
+    title = f"vLLM crash loop: {incident.namespace}/{incident.workload}"[:HeaderBlock.text_max_length]
+    blocks: list[Block] = [HeaderBlock(text=PlainTextObject(text=title, emoji=True)),
+                           _facts(incident, d), *_diagnosis_sections(d), *_proposal_blocks(incident)]
     status = _status_line(incident)
     if status:
-        blocks.append({**_section(status), "block_id": "status"})
+        blocks.append(_section(status, block_id="status"))
+    blocks.append(_context(incident))
+    return fallback, _json(blocks)
+
+
+def _facts(incident: Incident, d: DiagnosisResult) -> SectionBlock:
+    kind = incident.proposal.workload.kind if incident.proposal else "workload"
+    restarts = incident.restarts if incident.restarts is not None else "?"
+    return SectionBlock(fields=[
+        _field("Cluster", escape(incident.cluster)),
+        _field(escape(kind), f"{escape(incident.namespace)}/{escape(incident.workload)}"),
+        _field("Pod / container", f"{escape(d.pod or ', '.join(incident.pods))} / {escape(d.container or '?')}"),
+        _field("Node", escape(d.node or "unknown")),
+        _field("GPU", escape(d.gpu or "unknown")),
+        _field("Restarts", str(restarts)),
+    ])
+
+
+def _diagnosis_sections(d: DiagnosisResult) -> list[SectionBlock]:
+    out = [_section(f"*Cause:* {escape(d.title)}" + (f"  ({inline_code(d.cause)}, {d.confidence} confidence)"
+                                                     if d.cause else ""))]
+    if d.explanation:
+        out.append(_section(escape(d.explanation)))
+    if d.evidence:
+        lines = list(dict.fromkeys(d.evidence))  # the same line twice says nothing new
+        out.append(_section("*Evidence* (from the previous container's log and the pod)\n"
+                            + code_block("\n".join(lines))))
+    if d.memory_picture:
+        out.append(_section("*GPU memory*\n" + code_block(d.memory_picture)))
+    return out
+
+
+def _context(incident: Incident) -> ContextBlock:
     pods = ", ".join(incident.pods[:5]) + (f" and {len(incident.pods) - 5} more" if len(incident.pods) > 5 else "")
-    blocks.append({"type": "context", "block_id": "context", "elements": [{"type": "mrkdwn", "text": escape(
+    return ContextBlock(block_id="context", elements=[_mrkdwn(escape(
         f"incident {incident.name} · pods {pods} · {incident.alert_count} alert(s) · "
-        f"first seen {_time(incident.first_seen)} · last seen {_time(incident.last_seen)}")}]})
-    return fallback, blocks[:50]
+        f"first seen {_time(incident.first_seen)} · last seen {_time(incident.last_seen)}"))])
 
 
-def _proposal_blocks(incident: Incident) -> list[dict[str, Any]]:
+def _proposal_blocks(incident: Incident) -> list[Block]:
     p = incident.proposal
     d = incident.diagnosis
     if p is None:
@@ -113,10 +164,11 @@ def _proposal_blocks(incident: Incident) -> list[dict[str, Any]]:
                          "The evidence above is what the bot saw.")]
     w = p.workload
     changes = "\n".join(f"• {escape(line)}" for line in change_lines(p))
-    out = [_section(f"*Proposed change* to {escape(w.kind)} {escape(w.namespace)}/{escape(w.name)}, container "
-                    f"{inline_code(w.container)}:\n{changes}"),
-           _section("*Command line before*\n" + code_block(command_line(p.command_before), 1400)
-                    + "\n*after*\n" + code_block(command_line(p.command_after), 1400))]
+    out: list[Block] = [
+        _section(f"*Proposed change* to {escape(w.kind)} {escape(w.namespace)}/{escape(w.name)}, container "
+                 f"{inline_code(w.container)}:\n{changes}"),
+        _section("*Command line before*\n" + code_block(command_line(p.command_before), 1400)
+                 + "\n*after*\n" + code_block(command_line(p.command_after), 1400))]
     if w.live_patch_blocked:
         where = "\n" + code_block(p.manifest_diff or w.repository_hint or "", 2000) \
             if (p.manifest_diff or w.repository_hint) else ""
@@ -130,18 +182,23 @@ def _proposal_blocks(incident: Incident) -> list[dict[str, Any]]:
     return out
 
 
-def _decision_buttons(incident: Incident) -> dict[str, Any]:
+def _button(action_id: str, label: str, style: str, value: str, confirm: ConfirmObject | None = None
+            ) -> ButtonElement:
+    return ButtonElement(action_id=action_id, style=style, value=value, text=_plain(label), confirm=confirm)
+
+
+def _confirm(title: str, text: str, yes: str) -> ConfirmObject:
+    return ConfirmObject(title=_plain(title), text=MarkdownTextObject(text=text), confirm=_plain(yes),
+                         deny=_plain("Cancel"))
+
+
+def _decision_buttons(incident: Incident) -> ActionsBlock:
     assert incident.proposal is not None
-    return {"type": "actions", "block_id": "decision", "elements": [
-        {"type": "button", "action_id": APPROVE, "style": "primary", "value": incident.name,
-         "text": {"type": "plain_text", "text": "Approve"},
-         "confirm": {"title": {"type": "plain_text", "text": "Apply this change?"},
-                     "text": {"type": "mrkdwn", "text": confirm_text(incident)},
-                     "confirm": {"type": "plain_text", "text": "Apply"},
-                     "deny": {"type": "plain_text", "text": "Cancel"}}},
-        {"type": "button", "action_id": REJECT, "style": "danger", "value": incident.name,
-         "text": {"type": "plain_text", "text": "Reject"}},
-    ]}
+    return ActionsBlock(block_id="decision", elements=[
+        _button(APPROVE, "Approve", "primary", incident.name,
+                _confirm("Apply this change?", confirm_text(incident), "Apply")),
+        _button(REJECT, "Reject", "danger", incident.name),
+    ])
 
 
 def _status_line(incident: Incident) -> str:
@@ -154,20 +211,17 @@ def _status_line(incident: Incident) -> str:
     return template.format(who=who, when=_time(incident.decided_at))
 
 
-def rollback_button(incident_name: str) -> dict[str, Any]:
-    return {"type": "actions", "block_id": "rollback", "elements": [
-        {"type": "button", "action_id": ROLLBACK, "style": "danger", "value": incident_name,
-         "text": {"type": "plain_text", "text": "Roll back"},
-         "confirm": {"title": {"type": "plain_text", "text": "Roll back this change?"},
-                     "text": {"type": "mrkdwn", "text": "Restore the command line recorded before the change."},
-                     "confirm": {"type": "plain_text", "text": "Roll back"},
-                     "deny": {"type": "plain_text", "text": "Cancel"}}}]}
+def rollback_button(incident_name: str) -> ActionsBlock:
+    return ActionsBlock(block_id="rollback", elements=[
+        _button(ROLLBACK, "Roll back", "danger", incident_name,
+                _confirm("Roll back this change?", "Restore the command line recorded before the change.",
+                         "Roll back"))])
 
 
 def note_message(text: str, diagnosis: DiagnosisResult | None = None,
                  rollback_incident: str | None = None) -> tuple[str, list[dict[str, Any]]]:
     """A thread reply. `text` is ours (may hold <@U> mentions we made); the diagnosis is escaped."""
-    blocks = [_section(text)]
+    blocks: list[Block] = [_section(text)]
     if diagnosis is not None:
         blocks.append(_section(f"*Re-diagnosed:* {escape(diagnosis.title)}\n{escape(diagnosis.explanation)}"))
         if diagnosis.evidence:
@@ -176,13 +230,11 @@ def note_message(text: str, diagnosis: DiagnosisResult | None = None,
             blocks.append(_section(code_block(diagnosis.memory_picture)))
     if rollback_incident:
         blocks.append(rollback_button(rollback_incident))
-    return text[:3000], blocks
+    return text[:3000], _json(blocks)
 
 
 def blocks_to_text(blocks: list[dict[str, Any]]) -> str:
     """The terminal's rendering of a message: the same words, buttons shown as [Approve]."""
-    from bot.slack.escape import unescape
-
     lines: list[str] = []
     for block in blocks:
         kind = block.get("type")
