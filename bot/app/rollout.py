@@ -73,7 +73,8 @@ class Rollout:
             if to is not None and can_move(inc.state, to):
                 return moved(inc, to, now, note, **fields)
             if to is not None:
-                log.warning("incident %s is %s now: not moving it to %s on a stale rollout result", name, inc.state, to)
+                log.warning("incident %s is %s now: not moving it to %s on a stale rollout result",
+                            name, inc.state, to)
             return inc.model_copy(update=fields) if fields else None
 
         incident = self.cas.mutate(name, change)
