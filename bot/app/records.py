@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from bot.app.state import IncidentState
 from bot.diagnosis.models import DiagnosisResult
@@ -79,6 +79,11 @@ class Incident(Model):
     applied: AppliedChange | None = None
     history: list[str] = Field(default_factory=list)  # for people only: never parsed
     version: str | None = None  # store's concurrency token (resourceVersion or file mtime)
+
+    @field_serializer("state")
+    def _plain_state(self, state: str) -> str:
+        """Stored as the plain string, also when a model_copy(update=...) put one in unchecked."""
+        return str(state)
 
 
 class MessageRef(BaseModel):
