@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
 from bot.local.store import FolderIncidentStore
 from bot.diagnosis.models import DiagnosisResult
 from bot.app.records import ApplyResult, Verification
-from bot.app.records import AlertTarget, MessageRef, Note
+from bot.app.records import AlertTarget, MessageRef, Note, PostLease
+from bot.app.state import IncidentState
+from bot.kube.incidents import from_custom_object
 from bot.app.ports import ChatUnavailable
 from bot.app.service import OncallService, Policy
 from slackapi.fake_cluster import FakeCluster, kv_diagnosis
@@ -336,3 +340,113 @@ def test_crashing_again_after_resolved_with_an_expired_proposal_gets_a_fresh_one
     again = svc.handle_alert(alert())
     assert again.state == "proposed" and again.proposal.expires_at > incident.proposal.expires_at
     assert len(chat.posts) == 1 and "Crash-looping again" in chat.replies[-1][1].text
+
+
+# ---- typed state, post lease and applied change ---------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "incidents"
+T0 = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
+
+
+def test_a_post_lease_keeps_other_posters_out_until_it_runs_out(cluster, chat, tmp_path):
+    now = [T0]
+    svc = OncallService(cluster, FolderIncidentStore(tmp_path), chat, Policy(approver_users=frozenset({APPROVER})),
+                        diagnose=kv_diagnosis, clock=lambda: now[0])
+    chat.down = True
+    incident = svc.handle_alert(alert())
+    stored = svc.store.get(incident.name)
+    assert stored.slack_ts is None and stored.post_lease is None  # the failed post released it
+    # Another replica takes the lease, then dies before posting.
+    svc.store.update(stored.model_copy(update={"post_lease": PostLease(holder="replica-b/0000",
+                                                                        until=T0 + timedelta(seconds=60))}))
+    chat.down = False
+    svc.sweep()
+    assert chat.posts == []
+    now[0] = T0 + timedelta(seconds=61)
+    svc.sweep()
+    assert chat.posts == [(incident.name, "C0ALERTS")]
+    posted = svc.store.get(incident.name)
+    assert posted.slack_ts == "1.0001" and posted.post_lease is None
+
+
+def test_approve_records_the_applied_change_and_its_rollout(service, cluster):
+    incident = service.handle_alert(alert())
+    assert incident.applied is None
+    service.approve(incident.name, APPROVER)
+    applied = service.store.get(incident.name).applied
+    assert applied.by == APPROVER and applied.message == "Deployment inference/x patched (generation 4)"
+    assert applied.rollout.outcome == "ready" and applied.rollout.pod == "new-pod"
+
+
+def test_an_unconfirmed_rollout_keeps_the_state_and_offers_rollback(service, chat, cluster):
+    cluster.verification = Verification(outcome="timeout", message="no new pod Ready after 900 s")
+    incident = service.handle_alert(alert())
+    service.approve(incident.name, APPROVER)
+    stored = service.store.get(incident.name)
+    assert stored.state == "applied" and stored.applied.rollout.outcome == "timeout"
+    assert chat.replies[-1][1].rollback_incident == incident.name
+    assert service.roll_back(incident.name, APPROVER) == "rolled-back" and len(cluster.rolled_back) == 1
+
+
+def test_rollback_needs_an_applied_change_not_words_in_the_history(service, chat, cluster):
+    cluster.apply_results = [ApplyResult(ok=False, message="deployments.apps is forbidden: cannot patch")]
+    cluster.verification = Verification(outcome="timeout", message="no new pod yet")
+    incident = service.handle_alert(alert())
+    assert service.approve(incident.name, APPROVER) == "failed"
+    stored = service.store.get(incident.name)
+    service.store.update(stored.model_copy(update={
+        "history": stored.history + ["2026-11-30T05:00:00Z patch-applied by U0APPROVER: it says so here"]}))
+    assert service.roll_back(incident.name, APPROVER) == "nothing_to_roll_back" and cluster.rolled_back == []
+    service.verify(incident.name)  # nothing was applied: the rollout reply offers no Roll back
+    assert chat.replies[-1][1].rollback_incident is None
+
+
+def test_a_late_rollout_result_does_not_undo_a_rollback(cluster, chat, tmp_path):
+    later: list = []
+    svc = OncallService(cluster, FolderIncidentStore(tmp_path), chat, Policy(approver_users=frozenset({APPROVER})),
+                        diagnose=kv_diagnosis, run_later=later.append)
+    cluster.verification = Verification(outcome="crashed", pod="new-pod", message="CrashLoopBackOff again")
+    incident = svc.handle_alert(alert())
+    svc.approve(incident.name, APPROVER)
+    svc.verify(incident.name)  # crashed: failed, with a Roll back button
+    assert svc.roll_back(incident.name, APPROVER) == "rolled-back"
+    cluster.verification = Verification(outcome="ready", pod="new-pod", message="Ready")
+    later[0]()  # the follow-up queued by approve runs only now
+    assert svc.store.get(incident.name).state == "rolled-back"
+    assert "is Ready" in chat.replies[-1][1].text  # still reported in the thread
+
+
+def test_a_resolved_alert_leaves_an_incident_mid_apply_alone(service):
+    incident = service.handle_alert(alert())
+    stored = service.store.get(incident.name)
+    service.store.update(stored.model_copy(update={"state": IncidentState.APPLYING}))
+    assert service.handle_alert(alert(firing=False)) is None
+    assert service.store.get(incident.name).state == "applying"
+
+
+def test_why_shows_a_legacy_approved_incident_as_it_is(service, chat):
+    incident = service.handle_alert(alert())
+    stored = service.store.get(incident.name)
+    service.store.update(stored.model_copy(update={"state": IncidentState.APPROVED}))
+    assert service.answer_why(f"{NS}/{POD_A}", "C0HERE", "U0ASKER").state == "approved"
+    assert chat.posts == [(incident.name, "C0ALERTS"), (incident.name, "C0HERE")]
+    assert service.store.get(incident.name).state == "approved"
+
+
+def test_a_record_written_before_the_typed_fields_loads_and_can_be_approved(chat, tmp_path):
+    """The demo's incident as the previous version stored it: lease and posting only in history."""
+    old = FIXTURES / "proposed-before-typed-fields.json"
+    record = json.loads(old.read_text())
+    assert "post_lease" not in record and "applied" not in record
+    (tmp_path / f"{record['name']}.json").write_text(old.read_text())
+    store = FolderIncidentStore(tmp_path)
+    loaded = store.get(record["name"])
+    assert loaded.state == "proposed" and loaded.post_lease is None and loaded.applied is None
+    spec = {"record": json.dumps({k: v for k, v in record.items() if k not in ("name", "version")})}
+    assert from_custom_object({"metadata": {"name": record["name"]}, "spec": spec}).model_dump(
+        exclude={"version"}) == loaded.model_dump(exclude={"version"})
+    cluster = FakeCluster(name=record["cluster"])
+    svc = OncallService(cluster, store, chat, Policy(approver_users=frozenset({APPROVER})), diagnose=kv_diagnosis,
+                        clock=lambda: loaded.first_seen + timedelta(minutes=5))
+    assert svc.approve(loaded.name, APPROVER) == "applied"
+    assert store.get(loaded.name).applied.by == APPROVER and len(cluster.applied) == 1

@@ -53,7 +53,7 @@ def incident_labels(incident: Incident) -> dict[str, str]:
         "namespace": label_value(incident.namespace),
         "workload": label_value(incident.workload),
         "cause": label_value(incident.cause),
-        "state": incident.state,
+        "state": str(incident.state),  # the plain value (a StrEnum formats as it too)
         "posted": "true" if incident.slack_ts else "false",
     }
 

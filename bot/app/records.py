@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
+from bot.app.state import IncidentState
 from bot.diagnosis.models import DiagnosisResult
 from bot.remedy.models import Model, Proposal, WorkloadRef
 
@@ -28,6 +29,31 @@ class Verification(Model):
     diagnosis: DiagnosisResult | None = None  # when the new pod crashed again
 
 
+class PostLease(Model):
+    """The one posting attempt allowed to post the incident until `until` (then anyone may)."""
+
+    holder: str  # "<replica>/<token>": one token per attempt, threads of one replica race too
+    until: datetime
+
+
+class RolloutOutcome(Model):
+    """What following the rollout of an applied change found."""
+
+    outcome: Literal["ready", "crashed", "timeout", "unknown"]
+    pod: str | None = None
+    message: str
+    at: datetime
+
+
+class AppliedChange(Model):
+    """The last change this incident applied to the workload: what a rollback undoes."""
+
+    by: str  # the approver's chat user id
+    at: datetime
+    message: str  # what the cluster side said it did
+    rollout: RolloutOutcome | None = None  # None until the rollout was followed
+
+
 class Incident(Model):
     """One incident per (cluster, namespace, workload, cause): the dedup key and the state."""
 
@@ -36,8 +62,7 @@ class Incident(Model):
     namespace: str
     workload: str
     cause: str | None
-    state: Literal["proposed", "diagnosed", "approved", "applying", "applied", "verified", "failed",
-                   "rejected", "expired", "rolled-back", "resolved"]
+    state: IncidentState
     pods: list[str] = Field(default_factory=list)
     restarts: int | None = None
     first_seen: datetime
@@ -49,8 +74,16 @@ class Incident(Model):
     diagnosis: DiagnosisResult | None = None
     approver: str | None = None
     decided_at: datetime | None = None
-    history: list[str] = Field(default_factory=list)
+    # Set by the application, read by it; records written before these fields load with None.
+    post_lease: PostLease | None = None  # None: nobody is posting it (or it is posted)
+    applied: AppliedChange | None = None
+    history: list[str] = Field(default_factory=list)  # for people only: never parsed
     version: str | None = None  # store's concurrency token (resourceVersion or file mtime)
+
+    @field_serializer("state")
+    def _plain_state(self, state: str) -> str:
+        """Stored as the plain string, also when a model_copy(update=...) put one in unchecked."""
+        return str(state)
 
 
 class MessageRef(BaseModel):

@@ -1,0 +1,81 @@
+"""Every write to the IncidentStore: read-modify-write by compare-and-swap, and the one way an
+incident changes state (`moved`, checked against bot.app.state's table).
+
+Decisions that must happen once (approve, reject, roll back) are `claim`s: the CAS that moves
+the incident out of the state the decision starts from. Whoever loses that race sees the new
+state and does nothing, so a double click, two approvers or two replicas act exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from datetime import datetime, timezone
+from typing import Any
+
+from bot.app.ports import IncidentConflict, IncidentStore
+from bot.app.records import Incident
+from bot.app.state import IncidentState, check_move
+
+HISTORY_LIMIT = 60  # entries kept on the incident object (bounded object size)
+ATTEMPTS = 8  # lost races before giving up
+
+
+def iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def noted(incident: Incident, now: datetime, *lines: str) -> list[str]:
+    """The incident's history with `lines` added (time-stamped), bounded."""
+    return (incident.history + [f"{iso(now)} {line}" for line in lines])[-HISTORY_LIMIT:]
+
+
+def moved(incident: Incident, to: IncidentState, now: datetime, note: str, **fields: Any) -> Incident:
+    """The incident in state `to` with `note` in its history and `fields` set. Raises
+    IllegalTransition if the table does not allow the move."""
+    state = check_move(incident.name, incident.state, to)
+    return incident.model_copy(update={**fields, "state": state, "history": noted(incident, now, note)})
+
+
+class IncidentCas:
+    def __init__(self, store: IncidentStore, clock: Callable[[], datetime]):
+        self.store, self.clock = store, clock
+
+    def mutate(self, name: str, change: Callable[[Incident], Incident | None]) -> Incident | None:
+        """Read-modify-write with compare-and-swap; `change` returning None means: leave it.
+        Returns the incident as stored afterwards, None if it does not exist."""
+        for _ in range(ATTEMPTS):
+            incident = self.store.get(name)
+            if incident is None:
+                return None
+            updated = change(incident)
+            if updated is None:
+                return incident
+            try:
+                return self.store.update(updated)
+            except IncidentConflict:
+                continue
+        raise IncidentConflict(f"{name}: gave up after {ATTEMPTS} lost races")
+
+    def move(self, name: str, to: IncidentState, note: str, **fields: Any) -> Incident:
+        """Move an incident this call is responsible for (e.g. one it claimed) to `to`."""
+        incident = self.mutate(name, lambda inc: moved(inc, to, self.clock(), note, **fields))
+        assert incident is not None, f"incident {name} vanished"
+        return incident
+
+    def claim(self, name: str, from_states: Collection[IncidentState], to: IncidentState, note: str,
+              approver: str | None = None) -> Incident | None:
+        """Move the incident from one of `from_states` to `to` by CAS (recording `approver` and
+        the decision time when given). Returns it if this call made the move, None if it was no
+        longer in those states. A lost race against an unrelated write (a repeat alert's
+        counters) is retried; a lost race against another decision is not."""
+        for _ in range(ATTEMPTS):
+            incident = self.store.get(name)
+            if incident is None or incident.state not in from_states:
+                return None
+            now = self.clock()
+            decided = {"approver": approver, "decided_at": now} if approver is not None else {}
+            try:
+                return self.store.update(moved(incident, to, now, note, **decided))
+            except IncidentConflict:
+                continue
+        return None

@@ -1,0 +1,175 @@
+"""An approver's decision on a proposal: approve (apply the patch once), reject, or let it expire.
+
+Approval is single-use because it is a claim: the compare-and-swap proposed -> applying. Only
+the click that made that move applies the patch; every other click is told who was first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from bot.app.approvers import Approvers
+from bot.app.cas import IncidentCas, moved
+from bot.app.incidents import incident_name
+from bot.app.intake import Intake
+from bot.app.messages import Messages
+from bot.app.metrics import Metrics
+from bot.app.ports import ClusterPort, IncidentStore
+from bot.app.proposals import Proposer, offers_button, open_state
+from bot.app.records import AlertTarget, AppliedChange, ApplyResult, Incident, MessageRef, Note
+from bot.app.state import IncidentState
+
+log = logging.getLogger(__name__)
+S = IncidentState
+
+
+class Decisions:
+    def __init__(self, cluster: ClusterPort, store: IncidentStore, cas: IncidentCas, approvers: Approvers,
+                 messages: Messages, proposer: Proposer, intake: Intake, metrics: Metrics,
+                 follow_rollout: Callable[[str, MessageRef | None], None], clock: Callable[[], datetime]):
+        self.cluster, self.store, self.cas, self.approvers = cluster, store, cas, approvers
+        self.messages, self.proposer, self.intake, self.metrics = messages, proposer, intake, metrics
+        self.follow_rollout = follow_rollout  # after a successful apply: verify, maybe later
+        self.clock = clock
+
+    def approve(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
+        """Returns what happened: applied | failed | conflict | not_allowed | expired | ..."""
+        incident, refusal = self._decidable(name, user, clicked, "approve")
+        if incident is None:
+            return refusal or "refused"
+        # The one step that makes approval single-use: proposed -> applying, by CAS.
+        claimed = self.cas.claim(name, {S.PROPOSED}, S.APPLYING, f"approved by {user}", approver=user)
+        if claimed is None:
+            return self.messages.someone_else_first(self.store.get(name), clicked, user)
+        self.metrics.approvals.inc()
+        self.messages.refresh(claimed, clicked)
+        result = self._apply(claimed, user)
+        if result.ok:
+            return self._applied(name, user, result, clicked)
+        if result.conflict:
+            self.metrics.patches_failed.labels("conflict").inc()
+            self._after_conflict(name, result, clicked)
+            return "conflict"
+        self.metrics.patches_failed.labels("error").inc()
+        incident = self.cas.move(name, S.FAILED, f"patch failed: {result.message}")
+        self.messages.refresh(incident, clicked)
+        self.messages.reply(incident, clicked, Note(text=f":x: The patch failed, nothing was changed: "
+                                                         f"{result.message}"))
+        return "failed"
+
+    def _apply(self, incident: Incident, user: str) -> ApplyResult:
+        assert incident.proposal is not None
+        try:
+            return self.cluster.apply(incident.proposal, self.messages.actor(user))
+        except Exception as exc:  # a cluster error must not leave the incident stuck in "applying"
+            log.exception("apply of %s failed", incident.name)
+            return ApplyResult(ok=False, message=f"{type(exc).__name__}: {exc}")
+
+    def _applied(self, name: str, user: str, result: ApplyResult, clicked: MessageRef | None) -> str:
+        self.metrics.patches_applied.inc()
+        change = AppliedChange(by=user, at=self.clock(), message=result.message)
+        incident = self.cas.move(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change)
+        self.messages.refresh(incident, clicked)
+        self.messages.reply(incident, clicked, Note(text=f":white_check_mark: Applied by <@{user}>. "
+                                                         f"{result.message}\nFollowing the rollout…"))
+        self.follow_rollout(name, clicked)
+        return "applied"
+
+    def reject(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
+        incident, refusal = self._decidable(name, user, clicked, "reject")
+        if incident is None:
+            return refusal or "refused"
+        claimed = self.cas.claim(name, {S.PROPOSED}, S.REJECTED, f"rejected by {user}", approver=user)
+        if claimed is None:
+            return self.messages.someone_else_first(self.store.get(name), clicked, user)
+        self.metrics.rejections.inc()
+        self.messages.refresh(claimed, clicked)
+        return "rejected"
+
+    def expire(self, cluster_name: str) -> list[Incident]:
+        """Mark proposals whose time-to-live ran out expired."""
+        expired = []
+        now = self.clock()
+        for incident in self.store.list(cluster=cluster_name, state=S.PROPOSED.value):
+            if incident.proposal and incident.proposal.expires_at <= now:
+                done = self.expire_one(incident.name)
+                if done:
+                    expired.append(done)
+        return expired
+
+    def expire_one(self, name: str) -> Incident | None:
+        def mark(inc: Incident) -> Incident | None:
+            if inc.state != S.PROPOSED:
+                return None
+            return moved(inc, S.EXPIRED, self.clock(), "proposal expired unused")
+
+        incident = self.cas.mutate(name, mark)
+        if incident is not None and incident.state == S.EXPIRED:
+            self.metrics.expired.inc()
+            self.messages.refresh(incident)
+        return incident
+
+    def _decidable(self, name: str, user: str, clicked: MessageRef | None, verb: str
+                   ) -> tuple[Incident | None, str | None]:
+        """The incident if `user` may decide on its proposal now; else (None, refusal reason)."""
+        channel = clicked.channel if clicked else None
+        refuse = self.messages.refuse
+        if not self.approvers.is_approver(user):
+            return None, refuse("not_allowed", channel, user,
+                                f"You are not allowed to {verb} changes in cluster {self.cluster.name}. "
+                                "Nothing was changed; ask one of the configured approvers.")
+        incident = self.store.get(name)
+        if incident is None or incident.proposal is None:
+            return None, refuse("unknown", channel, user, "This proposal no longer exists. Nothing was changed.")
+        channel = channel or incident.slack_channel
+        if incident.state != S.PROPOSED:
+            by = f" by <@{incident.approver}>" if incident.approver else ""
+            return None, refuse("already_decided", channel, user,
+                                f"This proposal is already {incident.state}{by}. Nothing was changed.")
+        if incident.proposal.expires_at <= self.clock():
+            self.expire_one(name)
+            return None, refuse("expired", channel, user,
+                                "This proposal has expired. Nothing was changed. Run "
+                                f"`/vllm why {incident.namespace}/{incident.workload}` for a fresh one.")
+        return incident, None
+
+    def _after_conflict(self, name: str, result: ApplyResult, clicked: MessageRef | None) -> None:
+        """The workload was edited since the proposal: refuse, say what changed, re-diagnose."""
+        incident = self.store.get(name)
+        assert incident is not None and incident.proposal is not None
+        changed = ", ".join(result.changed_fields) or "its spec"
+        refusal = (f":warning: Not applied: {incident.proposal.workload.kind} {incident.namespace}/"
+                   f"{incident.workload} was edited since the proposal ({changed}). {result.message}")
+        try:
+            pod = self.cluster.resolve_pod(incident.namespace, incident.workload)
+            evidence = self.cluster.collect(incident.namespace, pod, incident.proposal.workload.container)
+            diagnosis = self.proposer.diagnose(evidence)
+            workload = self.cluster.workload_for(evidence)
+        except Exception as exc:
+            self._refused(name, f"apply refused (conflict), re-diagnosis failed: {exc}", clicked,
+                          f"{refusal}\nCould not re-diagnose: {exc}")
+            return
+        if incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause) != name:
+            self._refused(name, f"apply refused (conflict); cause is now {diagnosis.cause}", clicked,
+                          f"{refusal}\nRe-diagnosed: the cause is now {diagnosis.title}; posted as a new incident.")
+            self.intake.open_or_update(AlertTarget(namespace=incident.namespace, pod=pod), evidence, None,
+                                       diagnosis, workload)
+            return
+        proposal = self.proposer.propose(diagnosis, evidence)
+        incident = self.cas.move(name, open_state(proposal), f"apply refused (conflict: {changed}); re-diagnosed "
+                                 "with a new proposal", proposal=proposal, diagnosis=diagnosis, approver=None,
+                                 decided_at=None)
+        if offers_button(proposal):
+            self.metrics.proposals.inc()
+        self.messages.refresh(incident, clicked)
+        self.messages.reply(incident, clicked, Note(text=f"{refusal}\nRe-diagnosed against the current spec: the "
+                                                         "message above now shows the new proposal.",
+                                                    diagnosis=diagnosis))
+
+    def _refused(self, name: str, note: str, clicked: MessageRef | None, reply: str) -> None:
+        """A conflicting apply that cannot be re-proposed on this incident: it failed."""
+        incident = self.cas.move(name, S.FAILED, note)
+        self.messages.refresh(incident, clicked)
+        self.messages.reply(incident, clicked, Note(text=reply))

@@ -1,0 +1,151 @@
+"""Alerts in: a firing alert opens the incident of (workload, cause) or folds into it, a
+resolved one marks it resolved.
+
+The incident's name is derived from its key, so creating it is the dedup step: whoever creates
+it first posts it (holding the post lease); every later alert only updates its counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from bot.app.cas import IncidentCas, iso, moved
+from bot.app.incidents import incident_name
+from bot.app.messages import Messages
+from bot.app.metrics import Metrics
+from bot.app.ports import ClusterPort, IncidentExists, IncidentStore, PodNotFound
+from bot.app.posting import Poster
+from bot.app.proposals import Proposer, open_state
+from bot.app.records import AlertTarget, Incident, Note, PostLease
+from bot.app.state import IncidentState, can_move, check_opening
+from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.remedy.models import Proposal, WorkloadRef
+
+log = logging.getLogger(__name__)
+
+POD_LIMIT = 20  # pod names kept per incident: crash-looping pods get replaced over days
+
+
+class Intake:
+    def __init__(self, cluster: ClusterPort, store: IncidentStore, cas: IncidentCas, proposer: Proposer,
+                 poster: Poster, messages: Messages, metrics: Metrics, clock: Callable[[], datetime]):
+        self.cluster, self.store, self.cas, self.proposer = cluster, store, cas, proposer
+        self.poster, self.messages, self.metrics, self.clock = poster, messages, metrics, clock
+
+    def handle_alert(self, target: AlertTarget) -> Incident | None:
+        """A firing alert opens or updates the incident of (workload, cause); a resolved one
+        marks it resolved. Returns the incident, or None when there is nothing to act on."""
+        self.metrics.alerts_received.labels("firing" if target.firing else "resolved").inc()
+        if not target.firing:
+            return self._resolve(target)
+        try:
+            evidence = self.cluster.collect(target.namespace, target.pod, target.container)
+        except PodNotFound as exc:
+            log.warning("alert for a pod that is gone: %s", exc)
+            self.metrics.alerts_skipped.labels("pod_not_found").inc()
+            return None
+        except Exception:
+            # e.g. a 403 (the bot's RBAC) or the API still failing after retries: say so, count
+            # it; Alertmanager's next repeat tries again.
+            log.exception("could not collect evidence for %s/%s", target.namespace, target.pod)
+            self.metrics.alerts_skipped.labels("collect_failed").inc()
+            return None
+        return self.open_or_update(target, evidence, channel=None)
+
+    def open_or_update(self, target: AlertTarget, evidence: Evidence, channel: str | None,
+                       diagnosis: DiagnosisResult | None = None, workload: WorkloadRef | None = None
+                       ) -> Incident | None:
+        """Create and post the incident this evidence belongs to, or fold the alert into it."""
+        diagnosis = diagnosis or self.proposer.diagnose(evidence)
+        workload = workload or self.cluster.workload_for(evidence)
+        name = incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause)
+        if self.store.get(name) is None:
+            lease = self.poster.new_lease()
+            incident = self._new_incident(name, target, evidence, diagnosis, workload, channel, lease)
+            try:
+                created = self.store.create(incident)
+            except IncidentExists:
+                pass  # another alert or replica got there first: fold this one into it
+            else:
+                self.metrics.diagnoses.labels(diagnosis.cause or "unknown").inc()
+                if created.state == IncidentState.PROPOSED:
+                    self.metrics.proposals.inc()
+                log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
+                return self.poster.ensure_posted(name, received_at=target.received_at, lease=lease)
+        return self._record_repeat(name, target.pod, diagnosis, evidence)
+
+    def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
+                      workload: WorkloadRef, channel: str | None, lease: PostLease) -> Incident:
+        now = self.clock()
+        proposal = self.proposer.propose(diagnosis, evidence)
+        return Incident(
+            name=name, cluster=self.cluster.name, namespace=workload.namespace, workload=workload.name,
+            cause=diagnosis.cause, state=check_opening(name, open_state(proposal)),
+            pods=[target.pod], restarts=diagnosis.restarts, first_seen=now, last_seen=now,
+            slack_channel=channel, proposal=proposal, diagnosis=diagnosis,
+            post_lease=lease,  # the creator posts it: no other replica does meanwhile
+            history=[f"{iso(now)} created from pod {target.pod}"],
+        )
+
+    def _record_repeat(self, name: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence
+                       ) -> Incident | None:
+        """A repeat of an open incident's alert: count it; a resolved one is crashing again."""
+        self.metrics.repeats.inc()
+        current = self.store.get(name)
+        fresh: Proposal | None = None
+        if current is not None and current.state == IncidentState.RESOLVED and not self._live(current.proposal):
+            fresh = self.proposer.propose(diagnosis, evidence)  # crashing again, the old proposal is stale
+        reopened = False
+
+        def fold(incident: Incident) -> Incident:
+            nonlocal reopened
+            now = self.clock()
+            counters = {"last_seen": now, "alert_count": incident.alert_count + 1,
+                        "pods": (incident.pods + ([pod] if pod not in incident.pods else []))[-POD_LIMIT:],
+                        "restarts": max(incident.restarts or 0, diagnosis.restarts or 0)}
+            reopened = incident.state == IncidentState.RESOLVED
+            if not reopened:
+                return incident.model_copy(update=counters)
+            proposal = incident.proposal if self._live(incident.proposal) else fresh
+            return moved(incident, open_state(proposal), now, f"firing again (pod {pod})", **counters,
+                         proposal=proposal, diagnosis=diagnosis if proposal is fresh else incident.diagnosis,
+                         approver=None, decided_at=None)
+
+        incident = self.cas.mutate(name, fold)
+        if incident is None:
+            return None
+        if not incident.slack_ts:
+            return self.poster.ensure_posted(name)  # a post that failed earlier: try again now
+        self.messages.refresh(incident)
+        if reopened:
+            self.messages.reply(incident, None, Note(text=f"Crash-looping again (pod {pod}) after being resolved."))
+        return incident
+
+    def _live(self, proposal: Proposal | None) -> bool:
+        return proposal is not None and proposal.expires_at > self.clock()
+
+    def _resolve(self, target: AlertTarget) -> Incident | None:
+        """Alertmanager says the pod stopped crash-looping: mark its incidents resolved (all but
+        those mid-apply, which the table does not let move to resolved)."""
+        resolved = None
+        for incident in self.store.list(cluster=self.cluster.name, namespace=target.namespace):
+            if target.pod not in incident.pods or not can_move(incident.state, IncidentState.RESOLVED):
+                continue
+
+            def mark(inc: Incident) -> Incident | None:
+                if not can_move(inc.state, IncidentState.RESOLVED):
+                    return None
+                now = self.clock()
+                return moved(inc, IncidentState.RESOLVED, now,
+                             f"resolved (alert for pod {target.pod} resolved; was {inc.state})", last_seen=now)
+
+            updated = self.cas.mutate(incident.name, mark)
+            if updated is not None and updated.state == IncidentState.RESOLVED:
+                resolved = updated
+                if updated.slack_ts:
+                    self.messages.refresh(updated)
+        if resolved is None:
+            self.metrics.alerts_skipped.labels("resolved_without_incident").inc()
+        return resolved

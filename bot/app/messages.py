@@ -1,0 +1,68 @@
+"""What the application says in chat: re-render an incident's message, reply in its thread,
+tell one user why a click did nothing. A chat that is down is logged, never raised: the
+incident in the store is the truth, the message only shows it."""
+
+from __future__ import annotations
+
+import logging
+
+from bot.app.metrics import Metrics
+from bot.app.ports import ChatPort, ChatUnavailable
+from bot.app.records import Incident, MessageRef, Note
+
+log = logging.getLogger(__name__)
+
+
+class Messages:
+    def __init__(self, chat: ChatPort, metrics: Metrics):
+        self.chat, self.metrics = chat, metrics
+
+    def refresh(self, incident: Incident, clicked: MessageRef | None = None) -> None:
+        """Re-render the incident's message, and the clicked copy if it is a different one."""
+        targets = []
+        if incident.slack_ts and incident.slack_channel:
+            targets.append(MessageRef(channel=incident.slack_channel, ts=incident.slack_ts))
+        if clicked and clicked not in targets:
+            targets.append(clicked)
+        for message in targets:
+            try:
+                self.chat.update_incident(incident, message)
+            except ChatUnavailable as exc:
+                log.warning("could not update the message of %s: %s", incident.name, exc)
+
+    def reply(self, incident: Incident, clicked: MessageRef | None, note: Note) -> None:
+        """Reply in the thread of the clicked message, else of the incident's message."""
+        thread = clicked or (MessageRef(channel=incident.slack_channel, ts=incident.slack_ts)
+                             if incident.slack_ts and incident.slack_channel else None)
+        if thread is None:
+            log.info("incident %s has no message yet; not replying: %s", incident.name, note.text)
+            return
+        try:
+            self.chat.reply(thread, note)
+        except ChatUnavailable as exc:
+            log.warning("could not reply in the thread of %s: %s", incident.name, exc)
+
+    def refuse(self, reason: str, channel: str | None, user: str, text: str) -> str:
+        """Count a refused click and tell the user (only them) why; returns `reason`."""
+        self.metrics.refused_clicks.labels(reason).inc()
+        if channel:
+            try:
+                self.chat.tell_user(channel, user, text)
+            except ChatUnavailable:
+                log.warning("could not tell %s: %s", user, text)
+        return reason
+
+    def someone_else_first(self, current: Incident | None, clicked: MessageRef | None, user: str) -> str:
+        """The refusal for a click that lost the race to another decision."""
+        state = current.state if current else "gone"
+        by = f" by <@{current.approver}>" if current and current.approver else ""
+        return self.refuse("already_decided", clicked.channel if clicked else None, user,
+                           f"Someone else acted on this first (it is now {state}{by}). Nothing was changed.")
+
+    def actor(self, user: str) -> str:
+        """Who, for the audit annotation and Event on the workload: a name and the chat id."""
+        try:
+            name = self.chat.user_name(user)
+        except ChatUnavailable:
+            name = None
+        return f"{name} (slack:{user})" if name else f"slack:{user}"

@@ -1,0 +1,22 @@
+"""The service's configuration (who may approve, how long a proposal lives, ...) and its clock."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+
+@dataclass
+class Policy:
+    approver_users: frozenset[str] = frozenset()
+    approver_groups: frozenset[str] = frozenset()
+    proposal_ttl: timedelta = timedelta(hours=1)
+    verify_timeout_seconds: float = 900
+    default_namespace: str = "default"
+    replica: str = field(default_factory=socket.gethostname)
+    group_cache_seconds: float = 60
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)

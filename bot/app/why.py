@@ -1,0 +1,93 @@
+"""`/vllm why POD|NS/POD|DEPLOYMENT`: diagnose on request and post it where it was asked, with
+the same buttons an alert would get. An incident with a live proposal (or a change being
+applied) is shown as it is; any other is re-diagnosed and gets a fresh proposal."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from bot.app.cas import IncidentCas, moved
+from bot.app.incidents import incident_name
+from bot.app.intake import Intake
+from bot.app.metrics import Metrics
+from bot.app.policy import Policy
+from bot.app.ports import ChatPort, ChatUnavailable, ClusterPort, IncidentStore, PodNotFound
+from bot.app.posting import Poster
+from bot.app.proposals import Proposer, offers_button, open_state
+from bot.app.records import AlertTarget, Incident
+from bot.app.state import IncidentState, can_move
+from bot.diagnosis.models import DiagnosisResult, Evidence
+
+log = logging.getLogger(__name__)
+
+
+class Why:
+    def __init__(self, cluster: ClusterPort, store: IncidentStore, chat: ChatPort, cas: IncidentCas,
+                 intake: Intake, proposer: Proposer, poster: Poster, metrics: Metrics, policy: Policy,
+                 clock: Callable[[], datetime]):
+        self.cluster, self.store, self.chat, self.cas = cluster, store, chat, cas
+        self.intake, self.proposer, self.poster = intake, proposer, poster
+        self.metrics, self.policy, self.clock = metrics, policy, clock
+
+    def answer_why(self, query: str, channel: str, user: str) -> Incident | None:
+        """`why POD`, `why NS/POD` or `why DEPLOYMENT`: post the diagnosis in `channel` with
+        the same buttons an alert would get."""
+        namespace, _, name = query.strip().rpartition("/")
+        namespace = namespace or self.policy.default_namespace
+        try:
+            pod = self.cluster.resolve_pod(namespace, name)
+            evidence = self.cluster.collect(namespace, pod)
+        except PodNotFound as exc:
+            close = f" Did you mean: {', '.join(exc.close_matches[:8])}?" if exc.close_matches else ""
+            self.chat.tell_user(channel, user, f"No pod, Deployment or StatefulSet named {namespace}/{name} "
+                                               f"in cluster {self.cluster.name}.{close}")
+            return None
+        except Exception as exc:  # a 403 names the missing permission: worth showing as is
+            log.exception("/vllm why %s failed", query)
+            self.chat.tell_user(channel, user, f"Could not read {namespace}/{name} in cluster "
+                                               f"{self.cluster.name}: {exc}")
+            return None
+        diagnosis = self.proposer.diagnose(evidence)
+        workload = self.cluster.workload_for(evidence)
+        key = incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause)
+        existing = self.store.get(key)
+        if existing is None:
+            return self.intake.open_or_update(AlertTarget(namespace=namespace, pod=pod), evidence, channel,
+                                              diagnosis, workload)
+        if self._show_as_is(existing):
+            # Same incident, same proposal: show it here too; a click on either message acts once.
+            try:
+                self.chat.post_incident(existing, channel)
+            except ChatUnavailable as exc:
+                log.warning("could not answer /vllm why in %s: %s", channel, exc)
+            return existing
+        return self._rediagnose(key, pod, diagnosis, evidence, channel, user)
+
+    def _show_as_is(self, incident: Incident) -> bool:
+        """A live proposal, or a change in flight (or a state the table lets nothing re-open)."""
+        live = (incident.state == IncidentState.PROPOSED and incident.proposal is not None
+                and incident.proposal.expires_at > self.clock())
+        return live or incident.state == IncidentState.APPLYING or not can_move(incident.state,
+                                                                                IncidentState.PROPOSED)
+
+    def _rediagnose(self, key: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence, channel: str,
+                    user: str) -> Incident | None:
+        """A fresh proposal on the existing incident, posted as a new message in `channel`."""
+        proposal = self.proposer.propose(diagnosis, evidence)
+        lease = self.poster.new_lease()
+
+        def refresh(inc: Incident) -> Incident:
+            now = self.clock()
+            return moved(inc, open_state(proposal), now, f"re-diagnosed on /vllm why by {user} (was {inc.state})",
+                         proposal=proposal, diagnosis=diagnosis, approver=None, decided_at=None, last_seen=now,
+                         pods=inc.pods + ([pod] if pod not in inc.pods else []),
+                         slack_channel=channel, slack_ts=None,  # the new message becomes the incident's
+                         post_lease=lease)
+
+        if self.cas.mutate(key, refresh) is None:
+            return None
+        if offers_button(proposal):
+            self.metrics.proposals.inc()
+        return self.poster.ensure_posted(key, lease=lease)
