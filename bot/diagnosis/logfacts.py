@@ -183,53 +183,75 @@ def _clean(raw: bytes) -> list[str]:
     return [p[:MAX_LINE_CHARS] for p in parts]
 
 
-def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
-    """Read the log once and return what it says."""
-    literals = list(dict.fromkeys(list(KEYWORDS) + [x for x in extra_literals if x]))
-    scanner = KeywordScanner([k.encode() for k in literals])
-    shapes: dict[bytes, int] = {}
-    state = _State()
-    head: list[str] = []
-    tail: deque[str] = deque(maxlen=TAIL_LINES)
-    # the lines playbooks may search: the first ones (start-up) and the last ones (the crash)
-    hits: list[tuple[int, str]] = []
-    late_hits: deque[tuple[int, str]] = deque(maxlen=MAX_STORED_HITS)
-    carry = b""
-    line_base = 0
-    total_bytes = 0
-    binary = False
-    first = True
+def _cap_line(line: bytes) -> bytes:
+    """An over-long line cut to its first and last LINE_KEEP_BYTES, joined as two \r-separated
+    parts (each part of a line is parsed on its own); the end starts at a progress-bar frame
+    when it holds one, so the last frame is whole."""
+    if len(line) <= MAX_LINE_BYTES:
+        return line
+    end = line[-LINE_KEEP_BYTES:]
+    frame = end.find(b"\r")
+    return line[:LINE_KEEP_BYTES] + b"\r" + (end[frame + 1 :] if frame != -1 else end)
 
-    def consume(block: bytes) -> None:
-        nonlocal line_base
+
+def _whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Newline-terminated blocks of whole lines; a line longer than MAX_LINE_BYTES is capped
+    while it is read, so memory stays bounded however long it gets."""
+    carry = b""
+    for chunk in chunks:
+        data = carry + chunk
+        cut = data.rfind(b"\n")
+        if cut == -1:
+            carry = _cap_line(data)
+            continue
+        first_end = data.find(b"\n")
+        if first_end > MAX_LINE_BYTES:  # a line begun in earlier chunks ends here
+            data = _cap_line(data[:first_end]) + data[first_end:]
+            cut = data.rfind(b"\n")
+        yield data[: cut + 1]
+        carry = data[cut + 1 :]
+    if carry:
+        yield carry + b"\n"
+
+
+class _Reader:
+    """What one pass over a log has kept so far."""
+
+    def __init__(self, literals: list[str]):
+        self.scanner = KeywordScanner([k.encode() for k in literals])
+        self.shapes: dict[bytes, int] = {}
+        self.state = _State()
+        self.head: list[str] = []
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        # the lines playbooks may search: the first ones (start-up) and the last ones (the crash)
+        self.hits: list[tuple[int, str]] = []
+        self.late_hits: deque[tuple[int, str]] = deque(maxlen=MAX_STORED_HITS)
+        self.line_base = 0
+        self.total_bytes = 0
+        self.binary = False
+
+    def chunks(self, log: LogText) -> Iterator[bytes]:
+        """The log's byte chunks, counted; none at all when the first one looks binary."""
+        for i, chunk in enumerate(_iter_chunks(log)):
+            self.total_bytes += len(chunk)
+            if i == 0:
+                sample = chunk[:8192]
+                if b"\x00" in sample or _mostly_binary(sample):
+                    self.binary = True
+                    return
+            yield chunk
+
+    def consume(self, block: bytes) -> None:
+        """A block of whole lines."""
         if not block:
             return
-        if len(head) < HEAD_LINES:
+        if len(self.head) < HEAD_LINES:
             for raw in block.split(b"\n", HEAD_LINES)[:HEAD_LINES]:
-                if len(head) >= HEAD_LINES:
+                if len(self.head) >= HEAD_LINES:
                     break
-                head.extend(_clean(raw)[:1] or [""])
-        # line numbers: count newlines between hits (bytes.count is C speed)
-        prev, line_no = 0, line_base
-        for start in scanner.line_starts(block):
-            line_no += block.count(b"\n", prev, start)
-            prev = start
-            end = block.find(b"\n", start)
-            raw = block[start : end if end != -1 else len(block)]
-            shape = raw[:160].translate(None, b"0123456789")
-            seen = shapes.get(shape, 0)
-            shapes[shape] = seen + 1
-            if seen >= REPEATS_PARSED and len(shapes) < 100_000:
-                continue
-            for text in _clean(raw):
-                missed = _parse_line(state, text, line_no + 1)
-                if missed and end != -1:
-                    # a message wrapped over lines (a terminal or a paste): retry with what follows
-                    following = block[end + 1 : end + 1 + 2048].split(b"\n", 2)[:2]
-                    joined = " ".join([text] + [(_clean(f) or [""])[-1] for f in following])
-                    _parse_line(state, re.sub(r"\s+", " ", joined), line_no + 1, only=missed)
-                (hits if len(hits) < MAX_STORED_HITS else late_hits).append((line_no + 1, text.strip()))
-        line_base += block.count(b"\n")
+                self.head.extend(_clean(raw)[:1] or [""])
+        self._parse_hits(block)
+        self.line_base += block.count(b"\n")
         # tail: the last lines of the stream (this block's end is enough: TAIL_LINES << chunk)
         tail_start = len(block)
         for _ in range(TAIL_LINES + 1):
@@ -239,44 +261,61 @@ def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
                 break
         for raw in block[tail_start:].split(b"\n"):
             for text in _clean(raw)[-1:]:
-                tail.append(text)
+                self.tail.append(text)
 
-    for chunk in _iter_chunks(log):
-        total_bytes += len(chunk)
-        if first:
-            first = False
-            sample = chunk[:8192]
-            if b"\x00" in sample or _mostly_binary(sample):
-                binary = True
-                break
-        data = carry + chunk
-        cut = data.rfind(b"\n")
-        if cut == -1:
-            carry = data
-            continue
-        consume(data[: cut + 1])
-        carry = data[cut + 1 :]
-    if not binary and carry:
-        consume(carry + b"\n")
+    def _parse_hits(self, block: bytes) -> None:
+        """Parse the lines holding a literal; a line shape repeated REPEATS_PARSED times is noise."""
+        # line numbers: count newlines between hits (bytes.count is C speed)
+        prev, line_no = 0, self.line_base
+        for start in self.scanner.line_starts(block):
+            line_no += block.count(b"\n", prev, start)
+            prev = start
+            end = block.find(b"\n", start)
+            raw = block[start : end if end != -1 else len(block)]
+            shape = raw[:160].translate(None, b"0123456789")
+            seen = self.shapes.get(shape, 0)
+            self.shapes[shape] = seen + 1
+            if seen >= REPEATS_PARSED and len(self.shapes) < 100_000:
+                continue
+            for text in _clean(raw):
+                missed = _parse_line(self.state, text, line_no + 1)
+                if missed and end != -1:
+                    # a message wrapped over lines (a terminal or a paste): retry with what follows
+                    following = block[end + 1 : end + 1 + 2048].split(b"\n", 2)[:2]
+                    joined = " ".join([text] + [(_clean(f) or [""])[-1] for f in following])
+                    _parse_line(self.state, re.sub(r"\s+", " ", joined), line_no + 1, only=missed)
+                hits = self.hits if len(self.hits) < MAX_STORED_HITS else self.late_hits
+                hits.append((line_no + 1, text.strip()))
 
-    if state.process_gib:
-        first_oom = state.facts["oom_tried_gib"]
-        state.facts["oom_processes_gib"] = Fact(value=list(state.process_gib.values()),
-                                                line=first_oom.line, line_no=first_oom.line_no)
-    facts = LogFacts(
-        facts=state.facts,
-        markers=state.markers,
-        frame_stages=state.frame_stages,
-        errors=state.errors,
-        hit_lines=hits + list(late_hits),
-        head=head,
-        tail=[t for t in tail if t.strip()],
-        line_count=line_base,
-        byte_count=total_bytes,
-        binary=binary,
-        recognised=state.recognised or bool(state.facts) or any(_VLLM_LINE.search(h) for h in head + list(tail)),
-    )
-    return facts
+    def result(self) -> LogFacts:
+        state = self.state
+        if state.process_gib:
+            first_oom = state.facts["oom_tried_gib"]
+            state.facts["oom_processes_gib"] = Fact(value=list(state.process_gib.values()),
+                                                    line=first_oom.line, line_no=first_oom.line_no)
+        return LogFacts(
+            facts=state.facts,
+            markers=state.markers,
+            frame_stages=state.frame_stages,
+            errors=state.errors,
+            hit_lines=self.hits + list(self.late_hits),
+            head=self.head,
+            tail=[t for t in self.tail if t.strip()],
+            line_count=self.line_base,
+            byte_count=self.total_bytes,
+            binary=self.binary,
+            recognised=state.recognised or bool(state.facts)
+            or any(_VLLM_LINE.search(h) for h in self.head + list(self.tail)),
+        )
+
+
+def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
+    """Read the log once and return what it says."""
+    literals = list(dict.fromkeys(list(KEYWORDS) + [x for x in extra_literals if x]))
+    reader = _Reader(literals)
+    for block in _whole_lines(reader.chunks(log)):
+        reader.consume(block)
+    return reader.result()
 
 
 _VLLM_LINE = re.compile(
