@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from bot.diagnosis.logfacts import extract
+from bot.diagnosis.logfacts import CHUNK_BYTES, MAX_LINE_BYTES, extract
+from bot.diagnosis.logformats import FACTS, FORMATS, LOG_FACTS, LogFormat, LogFormatError, Put, to_int
 from bot.diagnosis.models import LogText
+from bot.diagnosis.signals import LOG_FACTS as SIGNAL_FACTS
+from bot.diagnosis.signals import SIGNALS
 
 
 def facts_of(text: str):
@@ -200,8 +206,6 @@ def test_a_runtime_warning_about_the_shared_memory_queue_is_not_a_shm_error():
 
 # ---- log formats as data ------------------------------------------------------------------
 
-from bot.diagnosis.logformats import FACTS, FORMATS, LOG_FACTS, LogFormat, LogFormatError, Put, to_int  # noqa: E402
-
 
 @pytest.mark.parametrize("changes, problem", [
     ({"puts": (Put("kv_tokenz", (0,), to_int),)}, "unknown fact 'kv_tokenz' (did you mean 'kv_tokens'?)"),
@@ -230,9 +234,7 @@ def test_every_format_records_versions_and_source_and_every_fact_is_documented()
 
 
 def test_signals_read_the_facts_the_formats_yield():
-    from bot.diagnosis.signals import LOG_FACTS as signal_facts, SIGNALS
-
-    assert signal_facts == LOG_FACTS
+    assert SIGNAL_FACTS == LOG_FACTS
     assert {"weights_gib", "kv_tokens", "oom_processes_gib", "config_max_model_len"} <= SIGNALS
 
 
@@ -252,9 +254,6 @@ _NO_KV = "ValueError: No available memory for the cache blocks. Try increasing `
 
 
 def _peak_and_facts(path):
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", _PEAK_OF_EXTRACT, str(path)], capture_output=True, text=True,
                          check=True, timeout=120).stdout.split()
     return int(out[0]), out[1], int(out[2]), out[3]
@@ -280,8 +279,6 @@ def test_a_log_of_one_huge_line_is_read_in_bounded_memory(tmp_path, ending):
 def test_a_long_line_under_the_cap_is_read_whole_across_chunks(tmp_path):
     # 1.5 MB of progress frames starting 1 MB into the log (so across the reader's first chunk
     # boundary), with a fact in a middle frame: below the cap nothing of a line is dropped.
-    from bot.diagnosis.logfacts import CHUNK_BYTES, MAX_LINE_BYTES
-
     frames = [f"Loading safetensors checkpoint shards: {i % 100:3d}% Completed | {i}/9999\r" for i in range(24_000)]
     frames[12_000] = "INFO 06-01 10:00:10 [gpu_worker.py:298] Available KV cache memory: 3.00 GiB\r"
     line = "".join(frames)

@@ -17,13 +17,23 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from bot.diagnosis.logformats import (  # noqa: F401  (re-exported: the formats' vocabulary)
-    FORMATS, FRAME_STAGES, HANDLERS, KEYWORDS, MODEL_FILE_HINT, PATTERNS, STAGES, LogFormat, to_gib, to_int,
+    FORMATS,
+    FRAME_STAGES,
+    HANDLERS,
+    KEYWORDS,
+    MODEL_FILE_HINT,
+    PATTERNS,
+    STAGES,
+    LogFormat,
+    to_gib,
+    to_int,
 )
 from bot.diagnosis.models import LogText
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the reader's state; imported only for type checkers (it imports this module)
     from bot.diagnosis.logfacts import _State
