@@ -5,7 +5,8 @@ one-pass reader in `bot.diagnosis.logfacts` scans for all of them at once), the 
 a match yields: facts taken from capture groups (`Put`), a stage marker, and, for the few
 messages that need real logic, a named handler. It also records the vLLM/PyTorch versions that
 print the message and where in their source it comes from, as read from
-../shared/reference/vllm-facts.md and log-formats.md ("unknown" where those do not say).
+../shared/reference/vllm-facts.md and log-formats.md, or ("wheels read") from the source of the
+vLLM 0.6.6 and 0.11.0 wheels; "unknown" where none of those says.
 
 Every fact a format may yield is named in `FACTS` with its meaning; a declaration naming a
 fact, handler, stage or capture group that does not exist fails at import with its own name.
@@ -378,15 +379,15 @@ FORMATS: tuple[LogFormat, ...] = (
         "version", r"(?:LLM engine \(v|vLLM API server version |vLLM version |vllm version )v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
         literals=("LLM engine (v", "version "),
         puts=(number(0, "vllm_version", version_text),),
-        versions="unknown",
-        source="'Initializing an LLM engine (v...) with config' (llm_engine.py) and 'vLLM API server version' "
-               "(api_server.py), files as named by log prefixes"),
+        versions="seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
+        source="vllm/engine/llm_engine.py, vllm/v1/engine/core.py 'Initializing an [V1] LLM engine (v%s) with config'; "
+               "vllm/entrypoints/openai/api_server.py 'vLLM API server version %s'"),
     LogFormat(
         "engine_config", r"(?:with config|non-default args)[:=]?\s*(.*)$",
         literals=("with config", "non-default args"),
         handler="engine_config", handler_yields=CONFIG_FACTS,
-        versions="unknown",
-        source="llm_engine.py 'with config: ...' and utils.py 'non-default args: {...}', files as named by log prefixes"),
+        versions="'with config' seen in 0.6.6 and 0.11.0; 'non-default args' in 0.11.0, not 0.6.6; exact range unknown",
+        source="vllm/engine/llm_engine.py, vllm/v1/engine/core.py; vllm/entrypoints/utils.py 'non-default args: %s'"),
     LogFormat(
         "weights", r"(?:Loading model weights took|Model loading took) " + _SIZE,
         literals=("weights took", "Model loading took"),
@@ -672,22 +673,26 @@ FORMATS: tuple[LogFormat, ...] = (
         literals=("checkpoint shards:",),
         puts=(number(0, "weights_progress_pct", int, keep="last"),),
         marks="weights",
-        versions="unknown", source="vLLM's weight loader progress bar (file not in the references)"),
+        versions="seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
+        source="vllm/model_executor/model_loader/weight_utils.py (tqdm desc)"),
     LogFormat(
         "weights_start",
         r"Starting to load model|Loading weights with|Loading model from|checkpoint shards|Loading model weights",
         literals=("Starting to load model", "Loading weights with", "Loading model from", "checkpoint shards",
                   "Loading model weights"),
         marks="weights",
-        versions="unknown", source="vLLM's model loader (files not in the references)"),
+        versions="'Starting to load model' seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
+        source="vllm/worker/model_runner.py, vllm/v1/worker/gpu_model_runner.py load_model; "
+               "vllm/model_executor/model_loader (BitsAndBytes); weight_utils.py (shard bars)"),
     LogFormat(
         "profile_start",
         r"Starting profile run|Memory profiling|determine_num_available_blocks|determine_available_memory|profile_run",
         literals=("profile run", "Memory profiling", "determine_num_available_blocks", "determine_available_memory",
                   "profile_run"),
         marks="profiling",
-        versions="unknown (messages and frames of V0 0.4-0.10 and V1; no single range)",
-        source=_V0_WORKER + " (V0), vllm/v1/worker/gpu_worker.py determine_available_memory (V1)"),
+        versions="unknown (messages and frames of V0 and V1; 'Starting profile run' seen in 0.6.6)",
+        source=_V0_WORKER + " (V0), vllm/v1/worker/gpu_worker.py determine_available_memory (V1), "
+               "vllm/worker/enc_dec_model_runner.py 'Starting profile run for multi-modal models.'"),
     LogFormat(
         "engine_ready",
         r"init engine \(profile, create kv cache, warmup model\) took|Application startup complete|Uvicorn running on"
@@ -696,8 +701,10 @@ FORMATS: tuple[LogFormat, ...] = (
                   "Available routes are"),
         puts=(flag("engine_ready"),),
         marks="ready",
-        versions="0.6.5-0.33.0 ('init engine ... took'); the API server and uvicorn lines: unknown",
-        source="vllm/engine/llm_engine.py (V0), vllm/v1/engine/core.py (V1); uvicorn; the API server"),
+        versions="0.6.5-0.33.0 ('init engine ... took'); 'Available routes are' seen in 0.6.6 and 0.11.0, "
+                 "'Starting vLLM API server' in 0.11.0, not 0.6.6; uvicorn's lines: unknown",
+        source="vllm/engine/llm_engine.py (V0), vllm/v1/engine/core.py (V1); vllm/entrypoints/launcher.py; "
+               "vllm/entrypoints/openai/api_server.py; uvicorn"),
     LogFormat(
         "error_line", r"(?:^|[\s\]\)>|])((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt))(?::(?:\s(.*))?)?\s*$",
         literals=("Error", "Exception", "Interrupt"),
