@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from bot.diagnosis.logfacts import extract
+from bot.diagnosis.logfacts import CHUNK_BYTES, MAX_LINE_BYTES, extract
+from bot.diagnosis.logformats import FACTS, FORMATS, LOG_FACTS, LogFormat, LogFormatError, Put, to_int
 from bot.diagnosis.models import LogText
+from bot.diagnosis.signals import LOG_FACTS as SIGNAL_FACTS
+from bot.diagnosis.signals import SIGNALS
 
 
 def facts_of(text: str):
@@ -196,3 +202,90 @@ def test_a_runtime_warning_about_the_shared_memory_queue_is_not_a_shm_error():
     line = ("(EngineCore pid=5) INFO 11-01 10:00:00 [shm_broadcast.py:466] No available shared memory broadcast block "
             "found in 60 seconds. This typically happens when some processes are hanging.")
     assert facts_of(line + "\n").get("shm_error") is None
+
+
+# ---- log formats as data ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("changes, problem", [
+    ({"puts": (Put("kv_tokenz", (0,), to_int),)}, "unknown fact 'kv_tokenz' (did you mean 'kv_tokens'?)"),
+    ({"handler": "frame_stages"}, "unknown handler 'frame_stages' (did you mean 'frame_stage'?)"),
+    ({"marks": "kv_size"}, "unknown stage 'kv_size'"),
+    ({"puts": (Put("kv_tokens", (1,), to_int),)}, "capture group 1 does not exist"),
+    ({"puts": (Put("kv_tokens", (0,), to_int, keep="newest"),)}, "keep='newest'"),
+    ({"pattern": r"KV cache size: (\d+"}, "not a valid regex"),
+    ({"versions": ""}, "record `versions` and `source`"),
+    ({"literals": ()}, "at least one non-empty literal"),
+])
+def test_a_bad_declaration_fails_loudly_and_names_itself(changes, problem):
+    fields = dict(name="my_new_kv_line", pattern=r"KV cache size: (\d+) tokens", literals=("KV cache size:",),
+                  puts=(Put("kv_tokens", (0,), to_int),), versions="unknown", source="unknown")
+    fields.update(changes)
+    with pytest.raises(LogFormatError) as err:
+        LogFormat(**fields)
+    assert "'my_new_kv_line'" in str(err.value)
+    assert problem in str(err.value)
+
+
+def test_every_format_records_versions_and_source_and_every_fact_is_documented():
+    for fmt in FORMATS:
+        assert fmt.versions.strip() and fmt.source.strip(), fmt.name
+    assert LOG_FACTS == set(FACTS)
+
+
+def test_signals_read_the_facts_the_formats_yield():
+    assert SIGNAL_FACTS == LOG_FACTS
+    assert {"weights_gib", "kv_tokens", "oom_processes_gib", "config_max_model_len"} <= SIGNALS
+
+
+# ---- bounded memory on pathological logs --------------------------------------------------
+
+_PEAK_OF_EXTRACT = """
+import sys, tracemalloc
+from pathlib import Path
+from bot.diagnosis.logfacts import extract
+from bot.diagnosis.models import LogText
+tracemalloc.start()
+facts = extract(LogText(path=Path(sys.argv[1])))
+peak = tracemalloc.get_traced_memory()[1]
+print(peak, facts.get("no_kv_memory"), facts.line_count, facts.get("weights_gib"))
+"""
+_NO_KV = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
+
+
+def _peak_and_facts(path):
+    out = subprocess.run([sys.executable, "-c", _PEAK_OF_EXTRACT, str(path)], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    return int(out[0]), out[1], int(out[2]), out[3]
+
+
+@pytest.mark.parametrize("ending", ["\r", "\n"])
+def test_a_log_of_one_huge_line_is_read_in_bounded_memory(tmp_path, ending):
+    # 40 MB of progress-bar frames that never print a newline (the old reader held ~4 bytes of
+    # memory per byte of the line: 160 MB here), then the message that decides the diagnosis.
+    path = tmp_path / "one-line.log"
+    frame = b"Processed prompts:  42%|####      | 4242/10000 [00:42<00:58, 99.9it/s]\r"
+    with path.open("wb") as fh:
+        fh.write(b"INFO 06-01 10:00:00 [gpu_model_runner.py:1801] Model loading took 14.99 GiB and 9.1 seconds\r")
+        fh.write(frame * (40 * 2**20 // len(frame)))
+        fh.write(ending.encode() + _NO_KV.encode())
+    peak, no_kv, line_count, weights = _peak_and_facts(path)
+    assert peak < 32 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    assert no_kv == "True"  # the decisive message at the end still counts
+    assert weights == "14.99"  # and so does the start of the huge line
+    assert line_count == (1 if ending == "\r" else 2)
+
+
+def test_a_long_line_under_the_cap_is_read_whole_across_chunks(tmp_path):
+    # 1.5 MB of progress frames starting 1 MB into the log (so across the reader's first chunk
+    # boundary), with a fact in a middle frame: below the cap nothing of a line is dropped.
+    frames = [f"Loading safetensors checkpoint shards: {i % 100:3d}% Completed | {i}/9999\r" for i in range(24_000)]
+    frames[12_000] = "INFO 06-01 10:00:10 [gpu_worker.py:298] Available KV cache memory: 3.00 GiB\r"
+    line = "".join(frames)
+    assert CHUNK_BYTES < 2**20 + len(line) < MAX_LINE_BYTES + 2**20
+    path = tmp_path / "long-line.log"
+    path.write_text("INFO 06-01 10:00:00 noise\n" * (2**20 // 26) + line + "\n" + _NO_KV + "\n")
+    facts = extract(LogText(path=path))
+    assert facts.get("available_kv_gib") == 3.0
+    assert facts.get("weights_progress_pct") == 23_999 % 100
+    assert facts.get("no_kv_memory") is True

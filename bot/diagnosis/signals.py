@@ -14,25 +14,8 @@ from typing import Any
 from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.evidence import parse_quantity
 from bot.diagnosis.logfacts import FRAME_ORDER, LogFacts
+from bot.diagnosis.logformats import LOG_FACTS  # every fact a log format yields: one declaration per message
 from bot.diagnosis.models import NodeView, PodView
-
-LOG_FACTS = {
-    "vllm_version", "weights_gib", "weights_loaded", "total_gpu_gib", "gpu_memory_utilization", "budget_gib",
-    "non_torch_gib", "activation_gib", "available_kv_gib", "gpu_blocks", "cpu_blocks", "kv_tokens", "concurrency_len",
-    "max_concurrency", "required_len", "kv_capacity_tokens", "kv_needed_gib", "estimated_max_len",
-    "no_kv_memory", "autofit_len", "free_at_start_gib", "requested_gib", "free_memory_check_failed",
-    "graph_capture_finished", "graph_gib", "graph_capture_seen", "sampler_oom_requests", "sampler_kind",
-    "oom_tried_gib", "oom_total_gib", "oom_allocated_gib", "oom_free_gib", "oom_reserved_gib",
-    "oom_reserved_unallocated_gib", "oom", "torch_oom_format", "oom_private_pools_gib",
-    "oom_this_process_gib", "oom_processes_gib", "cuda_driver_oom", "weights_oom_wrapper",
-    "world_size_required", "gpus_visible", "ray_placement_group_short", "heads_not_divisible",
-    "shm_error", "shm_required_mib", "shm_free_mib", "bus_error", "nccl_error", "host_oom", "host_oom_bare",
-    "terminated_by_signal", "traceback_seen", "weights_progress_pct", "engine_ready", "alloc_conf_hint_name",
-    "config_model", "config_max_model_len", "config_tensor_parallel_size", "config_pipeline_parallel_size",
-    "config_dtype", "config_quantization", "config_enforce_eager", "config_kv_cache_dtype",
-    "config_gpu_memory_utilization", "config_max_num_seqs", "config_max_num_batched_tokens",
-    "config_block_size", "config_data_parallel_size",
-}
 
 DERIVED = {
     "stage": "where start-up died: the furthest stage named by traceback frames, else by log markers",

@@ -1,0 +1,734 @@
+"""What vLLM and PyTorch print at start-up, as data: one `LogFormat` per message.
+
+A declaration says which plain substrings a line must hold before its regex is tried (the
+one-pass reader in `bot.diagnosis.logfacts` scans for all of them at once), the regex, and what
+a match yields: facts taken from capture groups (`Put`), a stage marker, and, for the few
+messages that need real logic, a named handler. It also records the vLLM/PyTorch versions that
+print the message and where in their source it comes from, as read from
+../shared/reference/vllm-facts.md and log-formats.md, or ("wheels read") from the source of the
+vLLM 0.6.6 and 0.11.0 wheels; "unknown" where none of those says.
+
+Every fact a format may yield is named in `FACTS` with its meaning; a declaration naming a
+fact, handler, stage or capture group that does not exist fails at import with its own name.
+A new number to read is one `LogFormat` (plus its line in `FACTS` if the fact is new).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the reader's state; imported only for type checkers (it imports this module)
+    from bot.diagnosis.logfacts import _State
+
+# Stages of vLLM start-up, in the order they happen.
+STAGES = ["startup", "nccl_init", "weights", "profiling", "kv_sizing", "kv_allocation",
+          "graph_capture", "warmup", "ready"]
+
+KEEP = ("first", "last", "min", "max")  # which value wins when a fact is printed more than once
+
+_NUM = r"((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)"  # 230,528 or 1478 (not the comma after it)
+_SIZE = r"([\d.]+)\s*([KMGT]i?B|Gib|bytes|B)"
+
+
+class LogFormatError(ValueError):
+    """A declaration that cannot work; the message starts with the declaration's name."""
+
+
+# ---- converters: capture groups -> values --------------------------------------------------
+
+
+def to_gib(value: str, unit: str) -> float:
+    """vLLM prints GiB values labelled 'GB' (bytes/2**30); PyTorch prints GiB/MiB/KiB."""
+    v = float(value)
+    unit = unit.strip()
+    if unit in {"GiB", "GB", "Gib", "G"}:
+        return v
+    if unit in {"MiB", "MB", "M"}:
+        return v / 1024
+    if unit in {"KiB", "KB", "K"}:
+        return v / 1024 / 1024
+    if unit in {"TiB", "TB"}:
+        return v * 1024
+    return v / 2**30  # bytes
+
+
+def to_int(text: str) -> int:
+    return int(float(text.replace(",", "")))
+
+
+def version_text(text: str) -> str:
+    return text.rstrip(".,)")
+
+
+def mib_of_bytes(text: str) -> float:
+    return int(text) / 2**20
+
+
+def int_of_either(first: str | None, second: str | None) -> int:
+    return int(first or second)  # type: ignore[arg-type]
+
+
+def reserved_minus_allocated(reserved: str, reserved_unit: str, allocated: str, allocated_unit: str) -> float:
+    """PyTorch 2.0 prints reserved and allocated; 2.1+ prints their difference itself."""
+    return max(0.0, to_gib(reserved, reserved_unit) - to_gib(allocated, allocated_unit))
+
+
+# ---- the facts a log can yield --------------------------------------------------------------
+
+# engine config keys vLLM prints -> (fact name after "config_", type)
+CONFIG_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "model": ("model", str), "max_seq_len": ("max_model_len", int), "max_model_len": ("max_model_len", int),
+    "tensor_parallel_size": ("tensor_parallel_size", int), "pipeline_parallel_size": ("pipeline_parallel_size", int),
+    "dtype": ("dtype", str), "quantization": ("quantization", str), "enforce_eager": ("enforce_eager", str),
+    "kv_cache_dtype": ("kv_cache_dtype", str), "gpu_memory_utilization": ("gpu_memory_utilization", float),
+    "max_num_seqs": ("max_num_seqs", int), "max_num_batched_tokens": ("max_num_batched_tokens", int),
+    "block_size": ("block_size", int), "data_parallel_size": ("data_parallel_size", int),
+}
+CONFIG_FACTS = tuple(dict.fromkeys("config_" + name for name, _ in CONFIG_KEYS.values()))
+
+# Memory is GiB unless the name says MiB; token counts are plain ints.
+FACTS: dict[str, str] = {
+    "vllm_version": "the vLLM version the log prints",
+    "weights_gib": "memory the model weights took on one GPU (largest worker)",
+    "weights_loaded": "the weights finished loading",
+    "total_gpu_gib": "one GPU's total memory, as vLLM measured it",
+    "gpu_memory_utilization": "--gpu-memory-utilization as vLLM printed it",
+    "budget_gib": "V0: total x utilization, what vLLM may use",
+    "non_torch_gib": "memory outside PyTorch's allocator (CUDA context, NCCL) during profiling",
+    "activation_gib": "peak activation memory of the profiling run (0.6.4 prints it with the weights)",
+    "available_kv_gib": "memory left for the KV cache (smallest worker)",
+    "gpu_blocks": "KV cache blocks on the GPU (smallest worker)",
+    "cpu_blocks": "V0 swap blocks in host memory",
+    "kv_tokens": "V1: tokens the KV cache holds (smallest worker)",
+    "concurrency_len": "the request length of vLLM's 'Maximum concurrency' line",
+    "max_concurrency": "requests of that length the KV cache holds at once (smallest worker)",
+    "required_len": "the max_model_len a KV-cache error asks for",
+    "kv_capacity_tokens": "V0: tokens the KV cache can store, from the error",
+    "kv_needed_gib": "V1: KV cache one max-length request needs",
+    "estimated_max_len": "V1: the longest max_model_len that fits, vLLM's estimate",
+    "no_kv_memory": "nothing was left for KV cache blocks",
+    "autofit_len": "the max_model_len auto-fit chose (a start, not a crash)",
+    "free_at_start_gib": "V1: free GPU memory at start-up",
+    "requested_gib": "V1: total x utilization, which had to be free at start-up",
+    "free_memory_check_failed": "V1's start-up free-memory check failed",
+    "graph_capture_finished": "CUDA graph capture finished",
+    "graph_gib": "memory the CUDA graphs took or are estimated to take (largest)",
+    "graph_capture_seen": "CUDA graph capture started (a message or a frame)",
+    "sampler_oom_requests": "dummy requests of the sampler/pooler warm-up that ran out of memory",
+    "sampler_kind": "'sampler' or 'pooler'",
+    "oom_tried_gib": "the allocation PyTorch could not make",
+    "oom_total_gib": "the GPU's total memory, from PyTorch's OOM message",
+    "oom_allocated_gib": "memory PyTorch had allocated at the OOM",
+    "oom_free_gib": "free GPU memory at the OOM",
+    "oom_reserved_gib": "PyTorch 2.0: memory PyTorch had reserved at the OOM",
+    "oom_reserved_unallocated_gib": "reserved by PyTorch but unallocated (fragmentation) at the OOM",
+    "oom": "a CUDA out-of-memory message",
+    "torch_oom_format": "'2.0' or '2.1+': which PyTorch OOM layout the log has",
+    "oom_private_pools_gib": "memory allocated in private pools (CUDA graphs) at the OOM",
+    "oom_this_process_gib": "memory this process held at the OOM, non-PyTorch memory included",
+    "oom_processes_gib": "memory of each other process PyTorch listed in the first OOM message",
+    "cuda_driver_oom": "the CUDA driver's out-of-memory error (not PyTorch's allocator)",
+    "weights_oom_wrapper": "vLLM's 'Failed to load model - not enough GPU memory'",
+    "world_size_required": "GPUs the parallel configuration needs",
+    "gpus_visible": "GPUs the process can see",
+    "ray_placement_group_short": "Ray could not place the workers on enough GPUs",
+    "heads_not_divisible": "attention heads are not divisible by the tensor-parallel size",
+    "shm_error": "creating or growing shared memory (/dev/shm) failed",
+    "shm_required_mib": "shared memory a segment needed, MiB (largest)",
+    "shm_free_mib": "shared memory free, MiB",
+    "bus_error": "a bus error (SIGBUS), typically a full /dev/shm",
+    "nccl_error": "NCCL's system error",
+    "host_oom": "the host or container ran out of memory (kernel OOM killer, Ray, MemoryError)",
+    "host_oom_bare": "a shell's bare 'Killed' (SIGKILL; the OOM killer only without an exception)",
+    "terminated_by_signal": "the process was told to stop (SIGTERM, KeyboardInterrupt)",
+    "traceback_seen": "a Python traceback",
+    "weights_progress_pct": "the last checkpoint-shard progress percentage",
+    "engine_ready": "the server finished start-up",
+    "alloc_conf_hint_name": "the allocator variable PyTorch's hint names (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF)",
+    **{name: f"--{name[len('config_'):].replace('_', '-')} from the engine config line" for name in CONFIG_FACTS},
+}
+
+
+# ---- handlers: the few messages whose facts need real logic ---------------------------------
+
+Handler = Callable[["_State", "re.Match[str]", str, int], None]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handler(fn: Handler) -> Handler:
+    """Register a handler under its function name, the name declarations refer to."""
+    HANDLERS[fn.__name__] = fn
+    return fn
+
+
+_CONFIG_PAIR = re.compile(r"'?(\w+)'?\s*[=:]\s*('[^']*'|\"[^\"]*\"|[^,}\s]+)")
+
+
+@handler
+def engine_config(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    for key, raw in _CONFIG_PAIR.findall(m.group(1)):
+        if key not in CONFIG_KEYS:
+            continue
+        name, cast = CONFIG_KEYS[key]
+        value = raw.strip("'\"")
+        if value in {"None", "none", ""}:
+            continue
+        if name == "dtype":
+            value = value.replace("torch.", "")
+        try:
+            state.put("config_" + name, cast(value), line, n)
+        except ValueError:
+            continue
+    state.recognised = True
+    state.mark("startup", n)
+
+
+_PROCESS = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
+
+
+@handler
+def oom_processes(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    # Only the processes listed in the first OOM message describe one GPU.
+    if "oom_tried_gib" in state.facts and state.facts["oom_tried_gib"].line_no == n:
+        for pid, val, unit in _PROCESS.findall(line):
+            state.process_gib.setdefault(pid, to_gib(val, unit))
+
+
+@handler
+def cuda_driver_oom(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    if "CUDA error: out of memory" in line or "cudaErrorMemoryAllocation" in line:
+        state.put("cuda_driver_oom", True, line, n)
+
+
+_BARE_KILL = re.compile(r"\s*Killed\s*|line \d+:\s+\d+\s+Killed")
+
+
+@handler
+def host_kill(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    # A shell's bare 'Killed' says only that the process got SIGKILL. With no Python exception
+    # in the log it is the kernel OOM killer; vLLM V1 also SIGKILLs its own front-end after a
+    # worker raised ("Got fatal signal from worker processes"), so signals.compute weighs it.
+    bare = _BARE_KILL.fullmatch(m.group(0)) is not None
+    state.put("host_oom_bare" if bare else "host_oom", True, line, n)
+
+
+@handler
+def exception_line(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    state.add_error(m.group(1), line, n)
+
+
+# traceback function name -> stage it proves the process was in
+FRAME_STAGES = {
+    "capture_end": "graph_capture", "capture_model": "graph_capture", "_capture_cudagraphs": "graph_capture",
+    "capture": "graph_capture", "capture_begin": "graph_capture", "_warmup_and_capture": "graph_capture",
+    "_dummy_sampler_run": "warmup", "_dummy_pooler_run": "warmup",
+    "profile_run": "profiling", "determine_num_available_blocks": "profiling",
+    "profile_num_available_blocks": "profiling", "_dummy_run_for_profile": "profiling",
+    "determine_available_memory": "profiling", "_profile_multimodal": "profiling",
+    "_allocate_kv_cache": "kv_allocation", "initialize_kv_cache": "kv_allocation",
+    "_allocate_kv_cache_tensors": "kv_allocation", "_init_cache_engine": "kv_allocation",
+    "initialize_kv_cache_tensors": "kv_allocation", "_reshape_kv_cache_tensors": "kv_allocation",
+    "raise_if_cache_size_invalid": "kv_sizing", "check_enough_kv_cache_memory": "kv_sizing",
+    "get_kv_cache_config": "kv_sizing", "get_kv_cache_configs": "kv_sizing",
+    "load_model": "weights", "load_weights": "weights", "_initialize_model": "weights",
+    "process_weights_after_loading": "weights", "_process_weights_after_loading": "weights",
+    "create_weights": "weights", "initialize_model": "weights",
+    "make_layers": "weights", "get_model": "weights", "weight_loader": "weights",
+    "init_device": "nccl_init", "init_distributed_environment": "nccl_init",
+    "initialize_model_parallel": "nccl_init", "ensure_model_parallel_initialized": "nccl_init",
+}
+# Frames that only hint weights when they sit in model files (construction of layers).
+MODEL_FILE_HINT = re.compile(r"model_executor/(?:models|layers)/|parallel_utils/|[\\/]models[\\/]\w+\.py")
+
+
+@handler
+def frame_stage(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    path, func = m.groups()
+    stage = FRAME_STAGES.get(func) if ("vllm" in path or "torch" in path) else None
+    if path.endswith("cuda/graphs.py"):
+        stage = "graph_capture"
+    elif "vllm/v1/sample/" in path.replace("\\", "/"):
+        stage = "warmup"  # the V1 sampler runs at start-up only in its warm-up (runtime: after 'ready')
+    if stage is None and func == "__init__" and MODEL_FILE_HINT.search(path):
+        stage = "weights"
+    if stage:
+        state.frame_stages.append(stage)
+
+
+# ---- declarations ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Put:
+    """One fact from a match: `convert(*groups)`, or `value` when the message itself is the fact.
+
+    A put whose capture groups all took no part in the match (an optional clause vLLM left
+    out) is skipped.
+    """
+
+    fact: str
+    groups: tuple[int, ...] = ()
+    convert: Callable[..., Any] | None = None
+    value: Any = True
+    keep: str = "first"
+
+
+@dataclass(frozen=True)
+class LogFormat:
+    """One message: the literals that gate it, its regex, what a match yields, where it comes from."""
+
+    name: str
+    pattern: str
+    literals: tuple[str, ...]  # a line holding none of these is never tried (cheap to scan for)
+    versions: str  # releases that print it, e.g. "0.6.5-0.10.2", or "unknown"
+    source: str  # where in vLLM/PyTorch it is printed, or "unknown"
+    puts: tuple[Put, ...] = ()
+    marks: str | None = None  # the start-up stage this message proves was reached
+    handler: str | None = None  # a name in HANDLERS, run after the puts
+    handler_yields: tuple[str, ...] = ()  # the facts that handler may put
+    wrappable: bool = False  # long enough to be wrapped over lines by a terminal or a paste
+    flags: int = 0
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "regex", re.compile(self.pattern, self.flags))
+        except re.error as exc:
+            self._fail(f"pattern is not a valid regex: {exc}")
+        if not self.literals or not all(self.literals):
+            self._fail("needs at least one non-empty literal to gate its lines")
+        if not self.versions or not self.source:
+            self._fail("record `versions` and `source` (write 'unknown' when the references do not say)")
+        if self.marks is not None and self.marks not in STAGES:
+            self._fail(f"marks unknown stage {self.marks!r}{_close(self.marks, STAGES)}")
+        if self.handler is not None and self.handler not in HANDLERS:
+            self._fail(f"unknown handler {self.handler!r}{_close(self.handler, HANDLERS)}")
+        if self.handler_yields and self.handler is None:
+            self._fail("handler_yields without a handler")
+        for put in self.puts:
+            self._check_put(put)
+        for fact in self.handler_yields:
+            self._check_fact(fact)
+
+    def _check_put(self, put: Put) -> None:
+        self._check_fact(put.fact)
+        if put.keep not in KEEP:
+            self._fail(f"{put.fact}: keep={put.keep!r} is not one of {', '.join(KEEP)}")
+        bad = [i for i in put.groups if not 0 <= i < self.regex.groups]
+        if bad:
+            self._fail(f"{put.fact}: capture group {bad[0]} does not exist (the pattern has {self.regex.groups})")
+        if bool(put.groups) != (put.convert is not None):
+            self._fail(f"{put.fact}: give capture groups together with a converter, or neither (a constant)")
+
+    def _check_fact(self, fact: str) -> None:
+        if fact not in FACTS:
+            self._fail(f"yields unknown fact {fact!r}{_close(fact, FACTS)}; facts are declared in FACTS")
+
+    def _fail(self, problem: str) -> None:
+        raise LogFormatError(f"log format {self.name!r}: {problem}")
+
+    def yields(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([p.fact for p in self.puts] + list(self.handler_yields)))
+
+
+def _close(name: str, known: Any) -> str:
+    match = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def gib(value: int, unit: int, fact: str, keep: str = "first") -> Put:
+    """A memory size printed as value + unit, in GiB."""
+    return Put(fact, (value, unit), to_gib, keep=keep)
+
+
+def number(group: int, fact: str, convert: Callable[..., Any] = float, keep: str = "first") -> Put:
+    return Put(fact, (group,), convert, keep=keep)
+
+
+def flag(fact: str, keep: str = "first") -> Put:
+    """The message itself is the fact."""
+    return Put(fact, keep=keep)
+
+
+def check_formats(formats: tuple[LogFormat, ...]) -> None:
+    """Names are unique, and every fact in FACTS is yielded by some format (no dead entries)."""
+    seen: set[str] = set()
+    for fmt in formats:
+        if fmt.name in seen:
+            raise LogFormatError(f"log format {fmt.name!r}: declared twice")
+        seen.add(fmt.name)
+    yielded = {fact for fmt in formats for fact in fmt.yields()}
+    unused = [fact for fact in FACTS if fact not in yielded]
+    if unused:
+        raise LogFormatError(f"facts no log format yields: {', '.join(unused)}")
+
+
+# ---- the formats, in the order a line's parsers run: a line's OOM total comes before its
+# process list, a message's own numbers before the standalone estimate ----------------------
+
+_V0_WORKER = "vllm/worker/worker.py determine_num_available_blocks"
+_V1_KV = "vllm/v1/core/kv_cache_utils.py (0.22+: vllm/v1/core/kv_cache_planning.py)"
+_TORCH_OOM = "PyTorch c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc"
+
+FORMATS: tuple[LogFormat, ...] = (
+    LogFormat(
+        "version", r"(?:LLM engine \(v|vLLM API server version |vLLM version |vllm version )v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
+        literals=("LLM engine (v", "version "),
+        puts=(number(0, "vllm_version", version_text),),
+        versions="seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
+        source="vllm/engine/llm_engine.py, vllm/v1/engine/core.py 'Initializing an [V1] LLM engine (v%s) with config'; "
+               "vllm/entrypoints/openai/api_server.py 'vLLM API server version %s'"),
+    LogFormat(
+        "engine_config", r"(?:with config|non-default args)[:=]?\s*(.*)$",
+        literals=("with config", "non-default args"),
+        handler="engine_config", handler_yields=CONFIG_FACTS,
+        versions="'with config' seen in 0.6.6 and 0.11.0; 'non-default args' in 0.11.0, not 0.6.6; exact range unknown",
+        source="vllm/engine/llm_engine.py, vllm/v1/engine/core.py; vllm/entrypoints/utils.py 'non-default args: %s'"),
+    LogFormat(
+        "weights", r"(?:Loading model weights took|Model loading took) " + _SIZE,
+        literals=("weights took", "Model loading took"),
+        puts=(gib(0, 1, "weights_gib", keep="max"), flag("weights_loaded")),
+        marks="weights",
+        versions="0.4.0-0.33.0 ('Loading model weights took %.4f GB' to 0.7.3, 'Model loading took' from 0.8.0)",
+        source="vllm/worker/model_runner.py load_model (V0), vllm/v1/worker/gpu_model_runner.py load_model (V1)"),
+    LogFormat(
+        "v0_profile_total", r"total_gpu_memory \(([\d.]+)\s*GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+)\s*GiB",
+        literals=("total_gpu_memory (",),
+        puts=(number(0, "total_gpu_gib"), number(1, "gpu_memory_utilization"), number(2, "budget_gib")),
+        marks="kv_sizing", wrappable=True,
+        versions="0.6.5-0.10.2 (V0)", source=_V0_WORKER),
+    LogFormat(
+        "v0_profile_parts",
+        r"model weights take ([\d.]+)\s*GiB; non_torch_memory takes ([\d.]+)\s*GiB; PyTorch activation peak memory takes "
+        r"([\d.]+)\s*GiB; the rest of the memory reserved for KV Cache is (-?[\d.]+)\s*GiB",
+        literals=("model weights take",),
+        puts=(number(0, "weights_gib", keep="max"), number(1, "non_torch_gib"), number(2, "activation_gib"),
+              number(3, "available_kv_gib", keep="min")),
+        marks="kv_sizing", wrappable=True,
+        versions="0.6.5-0.10.2 (V0)", source=_V0_WORKER),
+    LogFormat(
+        "v064_profile",
+        r"Memory profiling results: total_gpu_memory=([\d.]+)GiB .*?peak_torch_memory=([\d.]+)GiB .*?"
+        r"non_torch_memory=([\d.]+)GiB kv_cache_size=(-?[\d.]+)GiB gpu_memory_utilization=([\d.]+)",
+        literals=("Memory profiling results",),
+        puts=(number(0, "total_gpu_gib"), number(1, "activation_gib"), number(2, "non_torch_gib"),
+              number(3, "available_kv_gib", keep="min"), number(4, "gpu_memory_utilization")),
+        marks="kv_sizing",
+        versions="0.6.4 (V0)", source=_V0_WORKER),
+    LogFormat(
+        "gpu_blocks", r"# (?:GPU|cuda|CUDA|gpu) blocks: " + _NUM,
+        literals=(" blocks: ",),
+        puts=(number(0, "gpu_blocks", to_int, keep="min"),),
+        marks="kv_sizing",
+        versions="0.4.0-0.11.0 ('# GPU blocks' to 0.6.6, '# cuda blocks' 0.7.0-0.11.0 V0; V1 '# GPU blocks: %d' 0.6.4-0.7.3)",
+        source="vllm/executor/gpu_executor.py (to 0.6.6), vllm/executor/executor_base.py initialize_cache (0.7.0+), "
+               "vllm/v1/core/kv_cache_utils.py (V1 0.7.x)"),
+    LogFormat(
+        "cpu_blocks", r"# CPU blocks: (\d+)",
+        literals=("# CPU blocks: ",),
+        puts=(number(0, "cpu_blocks", int),),
+        versions="0.4.0-0.11.0 (V0)",
+        source="vllm/executor/gpu_executor.py (to 0.6.6), vllm/executor/executor_base.py initialize_cache (0.7.0+)"),
+    LogFormat(
+        "kv_tokens", r"(?:GPU|CUDA|[A-Z]+) KV cache size: " + _NUM + r" tokens",
+        literals=("KV cache size:",),
+        puts=(number(0, "kv_tokens", to_int, keep="min"),),
+        marks="kv_sizing",
+        versions="0.8.0-0.33.0 (V1; one line with the concurrency from 0.28.0, device name from 0.30.0)",
+        source="vllm/v1/core/kv_cache_utils.py"),
+    LogFormat(
+        "concurrency", r"Maximum concurrency for " + _NUM + r" tokens per request: ([\d.]+)x",
+        literals=("Maximum concurrency",),
+        puts=(number(0, "concurrency_len", to_int), number(1, "max_concurrency", keep="min")),
+        marks="kv_sizing",
+        versions="0.6.3-0.11.0 (V0), 0.7.1-0.33.0 (V1, thousands separators from 0.8.0)",
+        source="vllm/executor/gpu_executor.py / executor_base.py (V0), vllm/v1/core/kv_cache_utils.py (V1)"),
+    LogFormat(
+        "available_kv", r"Available KV cache memory: (-?[\d.]+) ?GiB",
+        literals=("Available KV cache memory",),
+        puts=(number(0, "available_kv_gib", keep="min"),),
+        marks="kv_sizing",
+        versions="0.9.1-0.33.0 (V1)", source="vllm/v1/worker/gpu_worker.py determine_available_memory"),
+    LogFormat(
+        "kv_memory_bytes", r"reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes",
+        literals=("kv_cache_memory_bytes",),
+        puts=(number(0, "available_kv_gib", keep="min"),),
+        versions="0.10.2-0.33.0 (--kv-cache-memory-bytes)", source="vllm/v1/worker/gpu_worker.py"),
+    LogFormat(
+        "v0_maxlen",
+        r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)",
+        literals=("max seq len",),
+        puts=(number(0, "required_len", int), number(1, "kv_capacity_tokens", int, keep="min")),
+        marks="kv_sizing", wrappable=True,
+        versions="0.4.0-0.10.2 (V0; also V1 0.6.4-0.6.6)", source="vllm/worker/worker.py raise_if_cache_size_invalid"),
+    LogFormat(
+        "v1_maxlen",
+        r"max seq len \((\d+)\),\s*\(?([\d.]+) ?GI?B KV cache is needed, which is larger than the available KV cache "
+        r"memory \(([\d.]+) ?GI?B\)\.(?:\s*Based on the available memory,(?:\s*the estimated maximum model length is (\d+)\.)?)?",
+        flags=re.I,
+        literals=("max seq len",),
+        puts=(number(0, "required_len", int), number(1, "kv_needed_gib"), number(2, "available_kv_gib", keep="min"),
+              number(3, "estimated_max_len", int, keep="min")),
+        marks="kv_sizing", wrappable=True,
+        versions="0.7.0-0.33.0 (V1; 'GB' to 0.8.3, no estimate 0.8.4-0.9.0, 'models's' to 0.19.1)",
+        source=_V1_KV + " check_enough_kv_cache_memory"),
+    LogFormat(
+        "estimated_len", r"the estimated maximum model length is (\d+)",
+        literals=("estimated maximum model length is",),
+        puts=(number(0, "estimated_max_len", int, keep="min"),),
+        versions="0.9.1-0.33.0 (V1, inside the max seq len error)", source=_V1_KV),
+    LogFormat(
+        "no_kv_memory", r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory",
+        literals=("No available memory for the cache", "Cannot auto-fit"),
+        puts=(flag("no_kv_memory"),),
+        marks="kv_sizing",
+        versions="0.4.0-0.33.0 ('No available memory'); 0.14.1-0.33.0 ('Cannot auto-fit')",
+        source="vllm/worker/worker.py raise_if_cache_size_invalid (V0), " + _V1_KV + " check_enough_kv_cache_memory (V1)"),
+    LogFormat(
+        "autofit", r"Auto-fit max_model_len: reduced from (\d+) to (\d+)",
+        literals=("Auto-fit max_model_len",),
+        puts=(number(1, "autofit_len", int),),
+        versions="0.14.1-0.33.0 (--max-model-len auto)", source=_V1_KV),
+    LogFormat(
+        "free_check",
+        r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization "
+        r"\(([\d.]+), ([\d.]+) GiB\)",
+        literals=("Free memory on device",),
+        puts=(number(0, "free_at_start_gib"), number(1, "total_gpu_gib"), number(2, "gpu_memory_utilization"),
+              number(3, "requested_gib"), flag("free_memory_check_failed")),
+        marks="startup", wrappable=True,
+        versions="0.9.1-0.33.0 (V1; device name printed from 0.14.1)",
+        source="vllm/v1/worker/gpu_worker.py init_device (0.9.1-0.13.0), vllm/v1/worker/utils.py request_memory (0.14.1+)"),
+    LogFormat(
+        "graph_mem", r"Graph capturing finished in \d+ secs?(?:, took ([\d.]+) GiB)?",
+        literals=("Graph capturing finished",),
+        puts=(flag("graph_capture_finished"), number(0, "graph_gib", keep="max")),
+        marks="warmup",
+        versions="0.4.0-0.33.0 (', took %.2f GiB' from 0.6.4)",
+        source="vllm/worker/model_runner.py (V0), vllm/v1/worker/gpu_model_runner.py (V1)"),
+    LogFormat(
+        "graph_estimate", r"Estimated CUDA graph memory: ([\d.]+) GiB",
+        literals=("Estimated CUDA graph memory",),
+        puts=(number(0, "graph_gib", keep="max"),),
+        versions="0.19.1-0.33.0 (sampled; 0.18+ per the references; not in model runner V2)",
+        source="vllm/v1/worker/gpu_model_runner.py"),
+    LogFormat(
+        "capture_start",
+        r"Capturing the model for CUDA graphs|Capturing cudagraphs|Capturing CUDA graph|capture_model|capture_end"
+        r"|torch/cuda/graphs\.py|_capture_cudagraphs",
+        literals=("Capturing", "capture_model", "capture_end", "cuda/graphs.py", "_capture_cudagraphs"),
+        puts=(flag("graph_capture_seen"),),
+        marks="graph_capture",
+        versions="0.4.0-0.33.0 ('Capturing the model for CUDA graphs' to 0.6.3, 'Capturing cudagraphs for decoding' "
+                 "0.6.4-0.10.2, tqdm 'Capturing CUDA graph shapes' / 'Capturing CUDA graphs (...)' later)",
+        source="vllm/worker/model_runner.py, vllm/v1/worker/gpu_model_runner.py; frames in torch/cuda/graphs.py"),
+    LogFormat(
+        "sampler", r"CUDA out of memory occurred when warming up (sampler|pooler)(?: \([^)]*\))? with (\d+)",
+        literals=("when warming up",),
+        puts=(number(1, "sampler_oom_requests", int), number(0, "sampler_kind", str)),
+        marks="warmup", wrappable=True,
+        versions="0.8.0-0.33.0 (V1 runner; pooler 0.9.2+, with (task=...) 0.11.0+; not in model runner V2)",
+        source="vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run / _dummy_pooler_run"),
+    LogFormat(
+        "torch_oom_20",
+        r"Tried to allocate " + _SIZE + r" \(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
+        + _SIZE + r" free;(?: " + _SIZE + r" allowed;)? " + _SIZE + r" reserved in total by PyTorch\)",
+        literals=("total capacity;",),
+        puts=(gib(0, 1, "oom_tried_gib"), gib(3, 4, "oom_total_gib"), gib(5, 6, "oom_allocated_gib"),
+              gib(7, 8, "oom_free_gib"), gib(11, 12, "oom_reserved_gib"),
+              Put("oom_reserved_unallocated_gib", (11, 12, 5, 6), reserved_minus_allocated),
+              flag("oom"), Put("torch_oom_format", value="2.0")),
+        wrappable=True,
+        versions="torch <=2.0.1", source=_TORCH_OOM),
+    LogFormat(
+        "torch_oom_21",
+        r"Tried to allocate " + _SIZE + r"\. GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE
+        + r" is free\.",
+        literals=("has a total capac",),
+        puts=(gib(0, 1, "oom_tried_gib"), gib(3, 4, "oom_total_gib"), gib(5, 6, "oom_free_gib"),
+              flag("oom"), Put("torch_oom_format", value="2.1+")),
+        wrappable=True,
+        versions="torch 2.1.x-2.14.0 ('capacty' typo in 2.1.x)", source=_TORCH_OOM),
+    LogFormat(
+        "torch_oom_alloc",
+        r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch, (?:with " + _SIZE
+        + r" allocated in private pools \(e\.g\., CUDA Graphs\), )?and " + _SIZE + r" is reserved by PyTorch but unallocated",
+        literals=("Of the allocated memory",),
+        puts=(gib(0, 1, "oom_allocated_gib"), gib(2, 3, "oom_private_pools_gib"), gib(4, 5, "oom_reserved_unallocated_gib")),
+        wrappable=True,
+        versions="torch 2.1.x-2.14.0 (private pools clause from 2.4/2.5)", source=_TORCH_OOM),
+    LogFormat(
+        "torch_oom_self", r"Including non-PyTorch memory, this process has " + _SIZE + r" memory in use",
+        literals=("this process has",),
+        puts=(gib(0, 1, "oom_this_process_gib"),),
+        versions="torch 2.1.x-2.14.0", source="PyTorch c10/cuda/CUDACachingAllocator.cpp reportProcessMemoryInfo"),
+    LogFormat(
+        "torch_oom_proc", r"Process (\d+) has " + _SIZE + r" memory in use",
+        literals=("memory in use",),
+        handler="oom_processes", handler_yields=("oom_processes_gib",),
+        versions="torch 2.1.x-2.14.0", source="PyTorch c10/cuda/CUDACachingAllocator.cpp reportProcessMemoryInfo"),
+    LogFormat(
+        "oom_generic",
+        r"CUDA out of memory|(?<!exceptions\.)OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+        r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY",
+        literals=("out of memory", "OutOfMemory", "cudaErrorMemoryAllocation", "ALLOC_FAILED", "OUT_OF_MEMORY"),
+        puts=(flag("oom"),),
+        handler="cuda_driver_oom", handler_yields=("cuda_driver_oom",),
+        versions="torch 2.0.1-2.14.0 ('CUDA out of memory'); the CUDA driver and cuBLAS error names: unknown",
+        source=_TORCH_OOM + "; CUDA runtime / cuBLAS error names"),
+    LogFormat(
+        "weights_wrapper", r"Failed to load model - not enough GPU memory",
+        literals=("Failed to load model",),
+        puts=(flag("weights_oom_wrapper"), flag("oom")),
+        marks="weights",
+        versions="0.13.0-0.33.0 (V1 runner only)", source="vllm/v1/worker/gpu_model_runner.py load_model"),
+    LogFormat(
+        "world_size", r"World size \((\d+)\) is larger than the number of available GPUs \((\d+)\)",
+        literals=("World size (",),
+        puts=(number(0, "world_size_required", int), number(1, "gpus_visible", int)),
+        wrappable=True,
+        versions="0.13.0-0.33.0", source="vllm/config/parallel.py"),
+    LogFormat(
+        "tp_local",
+        r"please (?:set tensor_parallel_size \((\d+)\) to less than|ensure that world_size \((\d+)\) is less than than) "
+        r"max local gpu count \((\d+)\)",
+        literals=("max local gpu count",),
+        puts=(Put("world_size_required", (0, 1), int_of_either), number(2, "gpus_visible", int)),
+        wrappable=True,
+        versions="0.5.x-0.10.2 (mp backend; 0.4.3 printed no numbers)",
+        source="vllm/executor/multiproc_gpu_executor.py (0.5.x), vllm/executor/mp_distributed_executor.py (0.8.5)"),
+    LogFormat(
+        "ray_pg",
+        r"number of required GPUs exceeds the total number of available GPUs|Waiting for creating a placement group of specs"
+        r"|Cannot provide a placement group",
+        literals=("placement group",),
+        puts=(flag("ray_placement_group_short"),),
+        versions="texts cited at 0.4.3 and 0.10.2 (Ray backend, chosen silently when GPUs are short up to 0.12.x); "
+                 "exact range unknown",
+        source="vllm/executor/ray_utils.py"),
+    LogFormat(
+        "heads_tp", r"Total number of attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)",
+        literals=("must be divisible by tensor parallel size",),
+        puts=(flag("heads_not_divisible"),),
+        versions="0.4.3-0.11.0 (cited; all versions per the references)",
+        source="vllm/config.py (vllm/config/model.py from 0.11)"),
+    LogFormat(
+        "shm_segment",
+        r"Error while creating shared memory segment\s*(/dev/shm\S*)?(?: \(size (\d+)\))?"
+        r"|(?:unable to|failed to|cannot|could not|Unable to|Failed to|Cannot|Could not) (?:create|allocate|open|map|mmap)"
+        r"[^\n]{0,60}(?:shared memory|/dev/shm|shm_open)"
+        r"|/dev/shm[^\n]{0,80}No space left on device|No space left on device[^\n]{0,80}/dev/shm"
+        r"|failed to extend /dev/shm|posix_fallocate failed|unable to write to file </torch_",
+        literals=("shared memory", "/dev/shm", "shm_open", "posix_fallocate", "</torch_"),
+        puts=(flag("shm_error"), Put("shm_required_mib", (1,), mib_of_bytes, keep="max")),
+        versions="unknown", source="NCCL's shared-memory transport and PyTorch's shared-memory files, not vLLM"),
+    LogFormat(
+        "shm_insufficient", r"Insufficient space in (\S+?)(?: for [^:]+)?: (\d+) MiB required, (\d+) MiB free",
+        literals=("Insufficient space in",),
+        puts=(flag("shm_error"), number(1, "shm_required_mib", keep="max"), number(2, "shm_free_mib")),
+        wrappable=True,
+        versions="0.27.1-0.33.0 (' for <allocation>' from 0.29)",
+        source="vllm/distributed/device_communicators/shm_broadcast.py"),
+    LogFormat(
+        "bus_error", r"Bus error|SIGBUS|signal 7\b",
+        literals=("Bus error", "SIGBUS", "signal 7"),
+        puts=(flag("bus_error"),),
+        versions="unknown (before 0.27 an undersized /dev/shm shows only as this)",
+        source="the kernel's SIGBUS as a shell or Python reports it, not vLLM"),
+    # NCCL's "system error" is what a full /dev/shm produces; network or CUDA errors are other causes
+    LogFormat(
+        "nccl_error", r"ncclSystemError|unhandled system error",
+        literals=("ncclSystemError", "unhandled system error"),
+        puts=(flag("nccl_error"),),
+        versions="0.4.3-0.33.0 (vLLM's 'NCCL error: ...' wrapper; the text is NCCL's)",
+        source="vllm/distributed/device_communicators/pynccl_wrapper.py, text from ncclGetErrorString"),
+    LogFormat(
+        "host_oom",
+        r"OOM killer|killed by SIGKILL|exceeds the memory usage threshold|Ray killed this worker|[Oo]ut of memory: Killed process"
+        r"|oom-kill|OOMKilled|(?<![\w])MemoryError|node running low on memory"
+        # the raylet's periodic summary: "N Workers (tasks / actors) killed due to memory pressure (OOM)"
+        r"|killed due to memory pressure \(OOM\)"
+        # torch/safetensors memory-mapping a checkpoint file and the host refusing the pages (ENOMEM)
+        r"|unable to mmap \d+ bytes from file [^\n]*Cannot allocate memory"
+        r"|exit(?:ed)? with exit code 137 \(SIGKILL\)|\bSIGKILL\b[^\n]{0,60}\b(?:OOM|out of memory|memory)\b"
+        # a shell reporting its child SIGKILLed: the kernel OOM killer (no CUDA error, no traceback)
+        r"|^\s*Killed\s*$|\bline \d+:\s+\d+\s+Killed\b",
+        literals=("OOM killer", "killed by SIGKILL", "memory usage threshold", "Ray killed", "of memory: Killed", "oom-kill",
+                  "OOMKilled", "MemoryError", "running low on memory", "memory pressure (OOM)", "(SIGKILL)", "SIGKILL",
+                  "Killed", "unable to mmap"),
+        handler="host_kill", handler_yields=("host_oom", "host_oom_bare"),
+        versions="unknown", source="the kernel OOM killer, Ray's memory monitor, a shell, Python's MemoryError; not vLLM"),
+    LogFormat(
+        "sigterm", r"KeyboardInterrupt: terminated|Received SIGTERM|signal 15|SIGTERM|^Terminated\b",
+        literals=("KeyboardInterrupt", "SIGTERM", "signal 15", "Terminated"),
+        puts=(flag("terminated_by_signal", keep="last"),),
+        versions="unknown",
+        source="Python and the shell on SIGTERM ('KeyboardInterrupt: terminated' is how probe kills show, vLLM's k8s docs)"),
+    LogFormat(
+        "weights_progress", r"Loading (?:safetensors|pt|bin) checkpoint shards:\s+(\d+)%",
+        literals=("checkpoint shards:",),
+        puts=(number(0, "weights_progress_pct", int, keep="last"),),
+        marks="weights",
+        versions="seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
+        source="vllm/model_executor/model_loader/weight_utils.py (tqdm desc)"),
+    LogFormat(
+        "weights_start",
+        r"Starting to load model|Loading weights with|Loading model from|checkpoint shards|Loading model weights",
+        literals=("Starting to load model", "Loading weights with", "Loading model from", "checkpoint shards",
+                  "Loading model weights"),
+        marks="weights",
+        versions="'Starting to load model' seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
+        source="vllm/worker/model_runner.py, vllm/v1/worker/gpu_model_runner.py load_model; "
+               "vllm/model_executor/model_loader (BitsAndBytes); weight_utils.py (shard bars)"),
+    LogFormat(
+        "profile_start",
+        r"Starting profile run|Memory profiling|determine_num_available_blocks|determine_available_memory|profile_run",
+        literals=("profile run", "Memory profiling", "determine_num_available_blocks", "determine_available_memory",
+                  "profile_run"),
+        marks="profiling",
+        versions="unknown (messages and frames of V0 and V1; 'Starting profile run' seen in 0.6.6)",
+        source=_V0_WORKER + " (V0), vllm/v1/worker/gpu_worker.py determine_available_memory (V1), "
+               "vllm/worker/enc_dec_model_runner.py 'Starting profile run for multi-modal models.'"),
+    LogFormat(
+        "engine_ready",
+        r"init engine \(profile, create kv cache, warmup model\) took|Application startup complete|Uvicorn running on"
+        r"|Starting vLLM API server|Available routes are",
+        literals=("init engine (profile", "Application startup complete", "Uvicorn running on", "Starting vLLM API server",
+                  "Available routes are"),
+        puts=(flag("engine_ready"),),
+        marks="ready",
+        versions="0.6.5-0.33.0 ('init engine ... took'); 'Available routes are' seen in 0.6.6 and 0.11.0, "
+                 "'Starting vLLM API server' in 0.11.0, not 0.6.6; uvicorn's lines: unknown",
+        source="vllm/engine/llm_engine.py (V0), vllm/v1/engine/core.py (V1); vllm/entrypoints/launcher.py; "
+               "vllm/entrypoints/openai/api_server.py; uvicorn"),
+    LogFormat(
+        "error_line", r"(?:^|[\s\]\)>|])((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt))(?::(?:\s(.*))?)?\s*$",
+        literals=("Error", "Exception", "Interrupt"),
+        handler="exception_line",
+        versions="any", source="Python: the last line of a traceback"),
+    LogFormat(
+        "traceback", r"Traceback \(most recent call last\)",
+        literals=("Traceback (most recent call last)",),
+        puts=(flag("traceback_seen"),),
+        versions="any", source="Python"),
+    LogFormat(
+        "frame", r'File "([^"]+)", line \d+, in (\w+)',
+        literals=('File "',),
+        handler="frame_stage",
+        versions="any", source="Python traceback frames (function names: FRAME_STAGES)"),
+    LogFormat(
+        "alloc_conf_hint", r"(PYTORCH_(?:CUDA_)?ALLOC_CONF)=expandable_segments",
+        literals=("ALLOC_CONF=expandable",),
+        puts=(number(0, "alloc_conf_hint_name", str, keep="last"),),
+        versions="torch 2.2.2-2.14.0 (the newest builds name PYTORCH_ALLOC_CONF)", source=_TORCH_OOM),
+)
+
+check_formats(FORMATS)
+
+LOG_FACTS = frozenset(fact for fmt in FORMATS for fact in fmt.yields())  # what signals may read
+KEYWORDS = sorted({lit for fmt in FORMATS for lit in fmt.literals})  # what the reader scans for
+PATTERNS = {fmt.name: fmt.regex for fmt in FORMATS}  # vLLM's formats, for other readers of logs
