@@ -115,12 +115,12 @@ class OncallService:
                     self.metrics.proposals.inc()
                 log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
                 return self._ensure_posted(name, received_at=target.received_at, lease=lease)
-        return self._record_repeat(name, target.pod, diagnosis, evidence)
+        return self._record_repeat(name, target.pod, diagnosis, evidence, workload)
 
     def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
                       workload: WorkloadRef, channel: str | None, lease: str) -> Incident:
         now = self.clock()
-        proposal = self._propose(diagnosis, evidence)
+        proposal = self._propose(diagnosis, evidence, workload)
         return Incident(
             name=name, cluster=self.cluster.name, namespace=workload.namespace, workload=workload.name,
             cause=diagnosis.cause, state="proposed" if _offers_button(proposal) else "diagnosed",
@@ -130,10 +130,10 @@ class OncallService:
             history=[f"{iso(now)} created from pod {target.pod}", self._lease_entry(now, lease)],
         )
 
-    def _propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
+    def _propose(self, diagnosis: DiagnosisResult, evidence: Evidence, workload: WorkloadRef) -> Proposal | None:
         if not diagnosis.cause or not diagnosis.changes:
             return None
-        proposal = self.cluster.propose(diagnosis, evidence)
+        proposal = self.cluster.propose(diagnosis, evidence, workload)
         if proposal is None:
             return None
         # The configured time-to-live wins over whatever the cluster side suggested.
@@ -155,15 +155,15 @@ class OncallService:
                 pod.container.restart_count if pod.container else None),
         })
 
-    def _record_repeat(self, name: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence
-                       ) -> Incident | None:
+    def _record_repeat(self, name: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence,
+                       workload: WorkloadRef) -> Incident | None:
         self.metrics.repeats.inc()
         reopened = False
         current = self.store.get(name)
         fresh: Proposal | None = None
         if current is not None and current.state == "resolved" and not (
                 current.proposal and current.proposal.expires_at > self.clock()):
-            fresh = self._propose(diagnosis, evidence)  # crashing again, the old proposal is stale
+            fresh = self._propose(diagnosis, evidence, workload)  # crashing again, the old proposal is stale
 
         def fold(incident: Incident) -> Incident:
             nonlocal reopened
@@ -343,7 +343,7 @@ class OncallService:
             except ChatUnavailable as exc:
                 log.warning("could not answer /vllm why in %s: %s", channel, exc)
             return existing
-        proposal = self._propose(diagnosis, evidence)
+        proposal = self._propose(diagnosis, evidence, workload)
 
         lease = self._new_lease()
 
@@ -491,7 +491,7 @@ class OncallService:
             self._open_or_update(AlertTarget(namespace=incident.namespace, pod=pod), evidence, None,
                                  diagnosis, workload)
             return
-        proposal = self._propose(diagnosis, evidence)
+        proposal = self._propose(diagnosis, evidence, workload)
 
         def reopen(inc: Incident) -> Incident:
             now = self.clock()
