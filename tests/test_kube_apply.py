@@ -360,8 +360,9 @@ def test_production_stack_hint_names_the_vllm_config_value(kube_api, cluster):  
 def test_no_change_means_no_proposal(kube_api, cluster):  # noqa: F811
     _, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "8192"])])
     evidence = cluster.collect(NS, pod["metadata"]["name"])
-    assert cluster.propose(diagnosis(MAX_LEN), evidence) is None  # already so
-    assert cluster.propose(DiagnosisResult(cause=None, title="unknown", explanation=""), evidence) is None
+    workload = cluster.workload_for(evidence)
+    assert cluster.propose(diagnosis(MAX_LEN), evidence, workload) is None  # already so
+    assert cluster.propose(DiagnosisResult(cause=None, title="unknown", explanation=""), evidence, workload) is None
 
 
 def test_rollback_tolerates_server_defaults_but_not_an_added_env_var(kube_api, cluster):  # noqa: F811
