@@ -3,7 +3,6 @@ name), get, merge patch and JSON Patch with resourceVersion conflicts, replace, 
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 
 import pytest

@@ -43,7 +43,7 @@ class ResolvedWorkloads:
         if not ref.resource_version or ref.resource_version != (obj.get("metadata") or {}).get("resourceVersion"):
             return  # e.g. "its Deployment is gone": the pod stands in for the workload; not versioned by ref
         with self._lock:
-            self._objects[ref.model_dump_json()] = obj
+            self._objects[ref.model_dump_json()] = copy.deepcopy(obj)
             self._objects.move_to_end(ref.model_dump_json())
             while len(self._objects) > self.size:
                 self._objects.popitem(last=False)
