@@ -51,7 +51,7 @@ def live_container(kube_api, name: str = "llama", kind: str = "Deployment") -> d
 
 def propose(cluster, kube_api, pod, *changes):  # noqa: F811
     evidence = cluster.collect(NS, pod["metadata"]["name"])
-    return cluster.propose(diagnosis(*(changes or (MAX_LEN,))), evidence)
+    return cluster.propose(diagnosis(*(changes or (MAX_LEN,))), evidence, cluster.workload_for(evidence))
 
 
 # ---- every command-line shape, applied for real -----------------------------------------------
@@ -177,20 +177,25 @@ def test_lost_race_between_read_and_patch_is_a_conflict(kube_api, cluster):  # n
 
 
 def test_the_server_rejects_a_stale_test_op_with_422(kube_api):  # noqa: F811
-    """The stand-in itself: a failed `test` is 422, a stale resourceVersion in the body is 409."""
-    from kubernetes.client.exceptions import ApiException
+    """The stand-in itself, through KubeApi: a failed `test` is 422 and a stale resourceVersion in
+    the body is 409, both a KubeConflict; a schema violation is 422 KubeInvalid."""
+    from bot.kube.errors import KubeConflict, KubeInvalid
 
     crashing_deployment(kube_api)
     api = KubeApi(kube_api.api_client())
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(KubeConflict) as info:
         api.patch_workload("Deployment", NS, "llama", [
             {"op": "test", "path": "/spec/replicas", "value": 7}, {"op": "replace", "path": "/spec/replicas",
                                                                    "value": 2}])
-    assert info.value.status == 422 and json.loads(info.value.body)["reason"] == "Invalid"
-    with pytest.raises(ApiException) as info:
+    assert info.value.status == 422 and info.value.reason == "Invalid"
+    with pytest.raises(KubeConflict) as info:
         api.patch_workload("Deployment", NS, "llama", [{"op": "replace", "path": "/metadata/resourceVersion",
                                                         "value": "1"}])
-    assert info.value.status == 409 and json.loads(info.value.body)["reason"] == "Conflict"
+    assert info.value.status == 409 and info.value.reason == "Conflict"
+    with pytest.raises(KubeInvalid) as invalid:
+        api.patch_workload("Deployment", NS, "llama", [{"op": "replace", "path": "/spec/replicas",
+                                                        "value": "two"}])
+    assert invalid.value.status == 422 and not isinstance(invalid.value, KubeConflict)
 
 
 # ---- audit and rollback ----------------------------------------------------------------------------
@@ -355,8 +360,9 @@ def test_production_stack_hint_names_the_vllm_config_value(kube_api, cluster):  
 def test_no_change_means_no_proposal(kube_api, cluster):  # noqa: F811
     _, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "8192"])])
     evidence = cluster.collect(NS, pod["metadata"]["name"])
-    assert cluster.propose(diagnosis(MAX_LEN), evidence) is None  # already so
-    assert cluster.propose(DiagnosisResult(cause=None, title="unknown", explanation=""), evidence) is None
+    workload = cluster.workload_for(evidence)
+    assert cluster.propose(diagnosis(MAX_LEN), evidence, workload) is None  # already so
+    assert cluster.propose(DiagnosisResult(cause=None, title="unknown", explanation=""), evidence, workload) is None
 
 
 def test_rollback_tolerates_server_defaults_but_not_an_added_env_var(kube_api, cluster):  # noqa: F811

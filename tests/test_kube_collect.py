@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from bot.kube import retry as kube_retry
 from bot.kube.api import KubeApi
 from bot.kube.collect import GPU_PODS_ANNOTATION, MIDDLE_MARKER
-from bot.kube.errors import KubeForbidden, PodGone
+from bot.kube.errors import KubeForbidden, KubeUnavailable, PodGone
 from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
 from kubeapi import kube_api  # noqa: F401  (fixture)
@@ -172,9 +171,9 @@ def test_429_honours_retry_after(kube_api, cluster, sleeps):  # noqa: F811
 def test_retries_are_bounded(kube_api, cluster, sleeps):  # noqa: F811
     _, pod = crashing_deployment(kube_api)
     kube_api.fail("get", "pods", 500)
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(KubeUnavailable) as info:
         cluster.collect(NS, pod["metadata"]["name"])
-    assert info.value.status == 500
+    assert info.value.status == 500 and str(info.value).startswith("Kubernetes API error 500: ")
     assert len(sleeps) == 4  # five attempts
     assert len([c for c in kube_api.calls if c.resource == "pods" and c.verb == "get"]) == 5
 
@@ -186,9 +185,10 @@ def test_connection_refused_is_retried_then_raised(sleeps):
     cfg.host = "http://127.0.0.1:9"  # discard port: nothing listens
     cfg.retries = False
     api = KubeApi(client.ApiClient(cfg), retry=RetryPolicy(attempts=3, initial=0.001, sleep=sleeps))
-    with pytest.raises(Exception):
+    with pytest.raises(KubeUnavailable) as info:
         api.get_pod(NS, "x")
     assert len(sleeps) == 2
+    assert str(info.value).startswith("Kubernetes API unreachable (get pods): ") and "\n" not in str(info.value)
 
 
 def test_collected_evidence_diagnoses_end_to_end(kube_api, cluster):  # noqa: F811

@@ -3,7 +3,6 @@ name), get, merge patch and JSON Patch with resourceVersion conflicts, replace, 
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 
 import pytest
@@ -11,6 +10,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from bot.kube.api import KubeApi
+from bot.kube.errors import KubeConflict, KubeNotFound
 from kubeapi import kube_api  # noqa: F401  (fixture)
 
 G, V, NS, PLURAL = "oncall.vllm.ai", "v1", "vllm-oncall", "vllmincidents"
@@ -32,18 +32,18 @@ def test_create_get_and_duplicate_name_is_409_already_exists(api):
     created = api.create_custom(G, V, NS, PLURAL, incident("prod-inference-llama-kv"))
     assert created["metadata"]["resourceVersion"] and created["metadata"]["uid"]
     assert created["metadata"]["namespace"] == NS
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(KubeConflict) as info:
         api.create_custom(G, V, NS, PLURAL, incident("prod-inference-llama-kv"))
-    status = json.loads(info.value.body)
-    assert info.value.status == 409 and status["reason"] == "AlreadyExists" and status["kind"] == "Status"
+    assert info.value.status == 409 and info.value.reason == "AlreadyExists"
+    assert "already exists" in str(info.value)
     got = api.get_custom(G, V, NS, PLURAL, "prod-inference-llama-kv")
     assert got["spec"]["change"] == "--max-model-len: 32768 -> 8192"
 
 
 def test_get_missing_is_404_not_found(api):
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(KubeNotFound) as info:
         api.get_custom(G, V, NS, PLURAL, "nope")
-    assert info.value.status == 404 and json.loads(info.value.body)["reason"] == "NotFound"
+    assert info.value.status == 404 and info.value.reason == "NotFound"
 
 
 def test_merge_patch_with_resource_version_is_compare_and_swap(api):
@@ -52,9 +52,9 @@ def test_merge_patch_with_resource_version_is_compare_and_swap(api):
                                                         "spec": {"state": "approved", "approver": "U_ALICE"}})
     assert patched["spec"]["state"] == "approved" and patched["spec"]["cause"] == "kv-cache-max-model-len"
     assert int(patched["metadata"]["resourceVersion"]) > int(rv)
-    with pytest.raises(ApiException) as info:  # a second approver with the old version loses
+    with pytest.raises(KubeConflict) as info:  # a second approver with the old version loses
         api.patch_custom(G, V, NS, PLURAL, "i1", {"metadata": {"resourceVersion": rv}, "spec": {"state": "rejected"}})
-    assert info.value.status == 409 and json.loads(info.value.body)["reason"] == "Conflict"
+    assert info.value.status == 409 and info.value.reason == "Conflict"
     assert api.get_custom(G, V, NS, PLURAL, "i1")["spec"]["state"] == "approved"
 
 
@@ -63,7 +63,7 @@ def test_json_patch_with_test_op(api):
     ok = api.patch_custom(G, V, NS, PLURAL, "i2", [{"op": "test", "path": "/spec/state", "value": "proposed"},
                                                    {"op": "replace", "path": "/spec/state", "value": "applying"}])
     assert ok["spec"]["state"] == "applying"
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(KubeConflict) as info:  # the failed `test` op: the object changed
         api.patch_custom(G, V, NS, PLURAL, "i2", [{"op": "test", "path": "/spec/state", "value": "proposed"},
                                                   {"op": "replace", "path": "/spec/state", "value": "applying"}])
     assert info.value.status == 422

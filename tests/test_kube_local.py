@@ -47,7 +47,7 @@ def local(tmp_path):
 def test_propose_apply_verify_rollback_on_files(local, tmp_path):
     assert local.resolve_pod(NS, "llama") == "llama-5f7d9c-abcde"
     evidence = local.collect(NS, "llama-5f7d9c-abcde")
-    proposal = local.propose(DIAGNOSIS, evidence)
+    proposal = local.propose(DIAGNOSIS, evidence, local.workload_for(evidence))
     assert proposal.workload.kind == "Deployment" and proposal.dry_run_ok is True
     assert proposal.cluster == "local"
 
@@ -73,9 +73,10 @@ def test_propose_apply_verify_rollback_on_files(local, tmp_path):
 
 def test_edit_of_the_copy_between_proposal_and_apply_is_a_conflict(local, tmp_path):
     evidence = local.collect(NS, "llama-5f7d9c-abcde")
-    first = local.propose(DIAGNOSIS, evidence)
+    workload = local.workload_for(evidence)
+    first = local.propose(DIAGNOSIS, evidence, workload)
     second = local.propose(DiagnosisResult(cause="x", title="t", explanation="e", changes=[
-        Change(kind="flag", name="--gpu-memory-utilization", after="0.8")]), evidence)
+        Change(kind="flag", name="--gpu-memory-utilization", after="0.8")]), evidence, workload)
     assert local.apply(first, "me").ok
     result = local.apply(second, "me")  # computed from the state before the first apply
     assert result.conflict is True and "args" in result.changed_fields
@@ -91,7 +92,8 @@ def test_workload_built_from_the_pod_when_the_bundle_has_no_manifest(tmp_path):
 
 def test_bare_pod_bundle_gets_a_manifest_diff(tmp_path):
     local = LocalCluster(make_bundle(tmp_path / "b"), tmp_path / "s")
-    proposal = local.propose(DIAGNOSIS, local.collect(NS, "x"))
+    evidence = local.collect(NS, "x")
+    proposal = local.propose(DIAGNOSIS, evidence, local.workload_for(evidence))
     assert proposal.workload.kind == "Pod" and "bare Pod" in proposal.workload.live_patch_blocked
     assert proposal.manifest_diff and local.apply(proposal, "me").ok is False
 
@@ -101,7 +103,8 @@ def test_gitops_manifest_is_blocked_with_a_repository_hint(tmp_path):
                           annotations={"argocd.argoproj.io/tracking-id": "llm:apps/Deployment:inference/llama"})
     local = LocalCluster(make_bundle(tmp_path / "b", {"kind": "ReplicaSet", "name": "llama-5f7d9c"}, manifest),
                          tmp_path / "s")
-    proposal = local.propose(DIAGNOSIS, local.collect(NS, "x"))
+    evidence = local.collect(NS, "x")
+    proposal = local.propose(DIAGNOSIS, evidence, local.workload_for(evidence))
     assert proposal.workload.managed_by == "argocd"
     assert "--max-model-len 8192 (was 32768)" in proposal.workload.repository_hint
 
@@ -120,6 +123,6 @@ def test_the_bundled_example_incident_runs_end_to_end(tmp_path):
         pytest.skip("no bundled example incident")
     local = LocalCluster(bundle, tmp_path / "state", name="demo")
     evidence = local.collect("inference", local.resolve_pod("inference", "vllm-llama3-8b"))
-    proposal = local.propose(diagnose(evidence), evidence)
+    proposal = local.propose(diagnose(evidence), evidence, local.workload_for(evidence))
     assert proposal is not None and proposal.command_after != proposal.command_before
     assert local.apply(proposal, "demo-user").ok

@@ -34,7 +34,7 @@ def apply_max_len(cluster, pod, after="8192"):
     evidence = cluster.collect(NS, pod["metadata"]["name"])
     change = Change(kind="flag", name="--max-model-len", before="32768", after=after)
     proposal = cluster.propose(DiagnosisResult(cause="kv-cache-max-model-len", title="t", explanation="e",
-                                               changes=[change]), evidence)
+                                               changes=[change]), evidence, cluster.workload_for(evidence))
     result = cluster.apply(proposal, "U_ALICE")
     assert result.ok, result.message
     return result.workload

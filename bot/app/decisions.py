@@ -157,7 +157,7 @@ class Decisions:
             self.intake.open_or_update(AlertTarget(namespace=incident.namespace, pod=pod), evidence, None,
                                        diagnosis, workload)
             return
-        proposal = self.proposer.propose(diagnosis, evidence)
+        proposal = self.proposer.propose(diagnosis, evidence, workload)
         incident = self.cas.move(name, open_state(proposal), f"apply refused (conflict: {changed}); re-diagnosed "
                                  "with a new proposal", proposal=proposal, diagnosis=diagnosis, approver=None,
                                  decided_at=None)

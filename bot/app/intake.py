@@ -74,12 +74,12 @@ class Intake:
                     self.metrics.proposals.inc()
                 log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
                 return self.poster.ensure_posted(name, received_at=target.received_at, lease=lease)
-        return self._record_repeat(name, target.pod, diagnosis, evidence)
+        return self._record_repeat(name, target.pod, diagnosis, evidence, workload)
 
     def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
                       workload: WorkloadRef, channel: str | None, lease: PostLease) -> Incident:
         now = self.clock()
-        proposal = self.proposer.propose(diagnosis, evidence)
+        proposal = self.proposer.propose(diagnosis, evidence, workload)
         return Incident(
             name=name, cluster=self.cluster.name, namespace=workload.namespace, workload=workload.name,
             cause=diagnosis.cause, state=check_opening(name, open_state(proposal)),
@@ -89,14 +89,14 @@ class Intake:
             history=[f"{iso(now)} created from pod {target.pod}"],
         )
 
-    def _record_repeat(self, name: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence
-                       ) -> Incident | None:
+    def _record_repeat(self, name: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence,
+                       workload: WorkloadRef) -> Incident | None:
         """A repeat of an open incident's alert: count it; a resolved one is crashing again."""
         self.metrics.repeats.inc()
         current = self.store.get(name)
         fresh: Proposal | None = None
         if current is not None and current.state == IncidentState.RESOLVED and not self._live(current.proposal):
-            fresh = self.proposer.propose(diagnosis, evidence)  # crashing again, the old proposal is stale
+            fresh = self.proposer.propose(diagnosis, evidence, workload)  # crashing again, the old proposal is stale
         reopened = False
 
         def fold(incident: Incident) -> Incident:

@@ -57,9 +57,9 @@ class ClusterPort(Protocol):
     def workload_for(self, evidence: Evidence) -> WorkloadRef:
         """The owning workload of the evidence's pod, with GitOps/Helm detection."""
 
-    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
-        """A proposal bound to the workload's current state, dry-run checked; None if the
-        diagnosis has no change."""
+    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence, workload: WorkloadRef) -> Proposal | None:
+        """A proposal for `workload` (as `workload_for` resolved it: its owners are not read
+        again), bound to that state, dry-run checked; None if the diagnosis has no change."""
 
     def apply(self, proposal: Proposal, actor: str) -> ApplyResult:
         """Conditional patch (test ops + resourceVersion), audit annotation and Event."""

@@ -10,7 +10,7 @@ from bot.app.ports import ClusterPort
 from bot.app.state import IncidentState
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.models import DiagnosisResult, Evidence
-from bot.remedy.models import Proposal
+from bot.remedy.models import Proposal, WorkloadRef
 
 
 def offers_button(proposal: Proposal | None) -> bool:
@@ -44,10 +44,10 @@ class Proposer:
                 pod.container.restart_count if pod.container else None),
         })
 
-    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
+    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence, workload: WorkloadRef) -> Proposal | None:
         if not diagnosis.cause or not diagnosis.changes:
             return None
-        proposal = self.cluster.propose(diagnosis, evidence)
+        proposal = self.cluster.propose(diagnosis, evidence, workload)
         if proposal is None:
             return None
         # The configured time-to-live wins over whatever the cluster side suggested.

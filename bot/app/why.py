@@ -19,6 +19,7 @@ from bot.app.proposals import Proposer, offers_button, open_state
 from bot.app.records import AlertTarget, Incident
 from bot.app.state import IncidentState, can_move
 from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.remedy.models import WorkloadRef
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class Why:
             except ChatUnavailable as exc:
                 log.warning("could not answer /vllm why in %s: %s", channel, exc)
             return existing
-        return self._rediagnose(key, pod, diagnosis, evidence, channel, user)
+        return self._rediagnose(key, pod, diagnosis, evidence, workload, channel, user)
 
     def _show_as_is(self, incident: Incident) -> bool:
         """A live proposal, or a change in flight (or a state the table lets nothing re-open)."""
@@ -72,10 +73,10 @@ class Why:
         return live or incident.state == IncidentState.APPLYING or not can_move(incident.state,
                                                                                 IncidentState.PROPOSED)
 
-    def _rediagnose(self, key: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence, channel: str,
-                    user: str) -> Incident | None:
+    def _rediagnose(self, key: str, pod: str, diagnosis: DiagnosisResult, evidence: Evidence,
+                    workload: WorkloadRef, channel: str, user: str) -> Incident | None:
         """A fresh proposal on the existing incident, posted as a new message in `channel`."""
-        proposal = self.proposer.propose(diagnosis, evidence)
+        proposal = self.proposer.propose(diagnosis, evidence, workload)
         lease = self.poster.new_lease()
 
         def refresh(inc: Incident) -> Incident:

@@ -19,20 +19,15 @@ def _friendly(func):
     """Turn the errors a person can act on (pod gone, permission missing, API error) into one line."""
 
     def run(args: argparse.Namespace) -> int:
-        from kubernetes.client.exceptions import ApiException
         from kubernetes.config import ConfigException
 
-        from bot.kube.api import status_message
-        from bot.kube.errors import KubeError
+        from bot.kube.errors import KubeError  # every API failure, e.g. "Kubernetes API error 500: ..."
         from bot.app.ports import PodNotFound
 
         try:
             return func(args)
         except (PodNotFound, KubeError, ConfigException) as exc:
             print(f"vllm-oncall: {exc}", file=sys.stderr)
-            return 2
-        except ApiException as exc:
-            print(f"vllm-oncall: Kubernetes API error {exc.status}: {status_message(exc)}", file=sys.stderr)
             return 2
 
     run.__name__ = func.__name__

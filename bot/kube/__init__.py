@@ -8,12 +8,16 @@ Entry points for callers (the command line wires them):
   ClusterPort on a real cluster (resolve_pod, collect, workload_for, propose, apply, rollback, verify).
 - `KubeIncidentStore`: IncidentStore as VLLMIncident custom resources (bot.kube.incidents).
 - `retry_count()` / `on_retry(callback)`: Kubernetes API retries, for `kube_retries_total`.
+- errors (bot.kube.errors): every failed call is one KubeError subclass (NotFound, Conflict,
+  Invalid, Forbidden, Unavailable), the last two also bot.app.errors ClusterForbidden /
+  ClusterUnavailable so the application can handle them without importing bot.kube.
 - `REQUIRED` (bot.kube.rbac): every permission the code uses.
 """
 
 from bot.kube.api import KubeApi, api_client_from_environment
-from bot.kube.errors import KubeError, KubeForbidden, PodGone
+from bot.kube.errors import (KubeConflict, KubeError, KubeForbidden, KubeInvalid, KubeNotFound, KubeUnavailable,
+                             PodGone, PreviousLogGone)
 from bot.kube.retry import RetryPolicy, on_retry, retry_count
 
-__all__ = ["KubeApi", "KubeError", "KubeForbidden", "PodGone", "RetryPolicy", "api_client_from_environment",
-           "on_retry", "retry_count"]
+__all__ = ["KubeApi", "KubeConflict", "KubeError", "KubeForbidden", "KubeInvalid", "KubeNotFound", "KubeUnavailable",
+           "PodGone", "PreviousLogGone", "RetryPolicy", "api_client_from_environment", "on_retry", "retry_count"]

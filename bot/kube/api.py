@@ -1,5 +1,9 @@
 """The one place that calls the kubernetes client: raw JSON in and out, retries, clear errors.
 
+Every failure leaves here as one of bot.kube.errors (KubeNotFound, KubeConflict, KubeInvalid,
+KubeForbidden, KubeUnavailable, or KubeError for the rest), decided once in `KubeApi._call`;
+the client's ApiException never reaches another module.
+
 Objects are returned as plain dicts exactly as the API server sent them (camelCase, like
 `kubectl get -o json`), so `test` operations in a JSON Patch compare against the server's own
 representation and Evidence looks the same as a bundle read from disk.
@@ -14,8 +18,9 @@ from typing import Any, Callable
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from bot.kube.errors import KubeForbidden
-from bot.kube.retry import RetryPolicy
+from bot.kube.errors import (KubeConflict, KubeError, KubeForbidden, KubeInvalid, KubeNotFound, KubeUnavailable,
+                             PreviousLogGone)
+from bot.kube.retry import RetryPolicy, is_transient
 
 log = logging.getLogger("bot.kube")
 
@@ -42,13 +47,39 @@ def api_client_from_environment(context: str | None = None, kubeconfig: str | No
     return client.ApiClient(cfg)
 
 
-def status_message(exc: ApiException) -> str:
-    """The Status object's message, or the raw body."""
+def _status_of(exc: ApiException) -> tuple[str, str | None]:
+    """(message, reason) from the Status object the server sent, else from the raw answer."""
     try:
         body = json.loads(exc.body or "{}")
-        return str(body.get("message") or exc.reason or exc.status)
+        return str(body.get("message") or exc.reason or exc.status), (body.get("reason") or exc.reason or None)
     except (json.JSONDecodeError, AttributeError):
-        return str(exc.body or exc.reason or exc.status)
+        return str(exc.body or exc.reason or exc.status), (exc.reason or None)
+
+
+# kube-apiserver answers 422 when a JSON Patch `test` op does not hold; the message is
+# json-patch's "testing value /path failed: test failed".
+FAILED_TEST_OP = "testing value"
+
+
+def typed_error(exc: BaseException, verb: str, resource: str, namespace: str | None) -> KubeError:
+    """The one translation from the client's exceptions to bot.kube.errors."""
+    if not isinstance(exc, ApiException) or exc.status is None:
+        # urllib3 errors, timeouts, refused connections: is_transient() retried them already
+        return KubeUnavailable(f"Kubernetes API unreachable ({verb} {resource}): {exc}")
+    (message, reason), status = _status_of(exc), int(exc.status)
+    if status == 403:
+        return KubeForbidden(verb, resource, namespace, message)
+    kind: type[KubeError] = KubeError
+    if status == 404:
+        kind = KubeNotFound
+    elif status == 409 or (status == 422 and FAILED_TEST_OP in message):
+        kind = KubeConflict
+    elif status in (400, 422):
+        kind = KubeInvalid
+    elif is_transient(exc):
+        kind = KubeUnavailable
+    return kind(f"Kubernetes API error {status}: {message}", status=status, reason=reason,
+                server_message=message)
 
 
 class KubeApi:
@@ -79,8 +110,10 @@ class KubeApi:
         try:
             return self.retry.call(f"{verb} {resource}", once)
         except ApiException as exc:
-            if exc.status == 403:
-                raise KubeForbidden(verb, resource, namespace, status_message(exc)) from None
+            raise typed_error(exc, verb, resource, namespace) from None  # the message says it all
+        except Exception as exc:
+            if is_transient(exc):  # unreachable after the retries: keep the cause for the log
+                raise typed_error(exc, verb, resource, namespace) from exc
             raise
 
     # -- core
@@ -98,9 +131,17 @@ class KubeApi:
 
     def read_log(self, namespace: str, pod: str, container: str, previous: bool = False,
                  limit_bytes: int | None = None, tail_lines: int | None = None) -> str:
-        return self._call("get", "pods/log", namespace, self.core.read_namespaced_pod_log, pod, namespace,
-                          container=container, previous=previous, limit_bytes=limit_bytes,
-                          tail_lines=tail_lines, raw_text=True)
+        """The container's log. PreviousLogGone when `previous` and the kubelet no longer keeps it
+        (it answers 400 "previous terminated container ... not found" for that)."""
+        try:
+            return self._call("get", "pods/log", namespace, self.core.read_namespaced_pod_log, pod, namespace,
+                              container=container, previous=previous, limit_bytes=limit_bytes,
+                              tail_lines=tail_lines, raw_text=True)
+        except KubeInvalid as exc:
+            text = exc.server_message
+            if previous and ("previous terminated container" in text or "not found" in text):
+                raise PreviousLogGone(str(exc), exc.status, exc.reason, text) from None
+            raise
 
     def list_events(self, namespace: str, involved_name: str) -> list[dict[str, Any]]:
         return self._call("list", "events", namespace, self.core.list_namespaced_event, namespace,
@@ -125,10 +166,8 @@ class KubeApi:
         """get_workload, or None when there is no such object."""
         try:
             return self.get_workload(kind, namespace, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except KubeNotFound:
+            return None
 
     def list_replicasets(self, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
         return self._call("list", "replicasets.apps", namespace, self.apps.list_namespaced_replica_set,
@@ -136,7 +175,8 @@ class KubeApi:
 
     def patch_workload(self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]],
                        dry_run: bool = False) -> dict[str, Any]:
-        """JSON Patch (RFC 6902). Conflicts (409/422) are raised as ApiException for the caller."""
+        """JSON Patch (RFC 6902). KubeConflict when the object changed (stale resourceVersion, a
+        `test` op that no longer holds), KubeInvalid when the server refuses the result."""
         method, resource = WORKLOAD_RESOURCES[kind]
         return self._call("patch", f"{resource}.apps", namespace,
                           getattr(self.apps, f"patch_namespaced_{method}"), name, namespace, ops,
@@ -164,7 +204,3 @@ class KubeApi:
                           group, version, namespace, plural, name, body,
                           _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
 
-
-def is_conflict(exc: BaseException) -> bool:
-    """409 (stale resourceVersion) or 422 with a failed `test` op: someone changed the object."""
-    return isinstance(exc, ApiException) and exc.status in (409, 422)

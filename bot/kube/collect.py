@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes.client.exceptions import ApiException
 
 from bot.diagnosis.evidence import pick_container
-from bot.kube.api import KubeApi, status_message
-from bot.kube.errors import KubeForbidden, PodGone
+from bot.kube.api import KubeApi
+from bot.kube.errors import KubeError, KubeNotFound, PodGone, PreviousLogGone
 from bot.diagnosis.models import Evidence, LogText
 
 log = logging.getLogger("bot.kube")
@@ -47,9 +46,8 @@ def get_pod_or_suggest(api: KubeApi, namespace: str, name: str) -> dict[str, Any
     """The pod, or PodGone naming close matches and the newest pod of the same workload."""
     try:
         return api.get_pod(namespace, name)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    except KubeNotFound:
+        pass
     pods = api.list_pods(namespace)
     names = [p["metadata"]["name"] for p in pods]
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
@@ -111,11 +109,8 @@ def read_crash_log(api: KubeApi, namespace: str, pod: str, container: str,
     """The previous container's log; the current one (with a note) when the previous is gone."""
     try:
         return read_head_and_tail(api, namespace, pod, container, True, head_bytes, tail_lines), []
-    except ApiException as exc:
-        message = status_message(exc)
-        previous_gone = exc.status == 400 and ("previous terminated container" in message or "not found" in message)
-        if not previous_gone:
-            raise
+    except PreviousLogGone as gone:
+        message = gone.server_message
     log.info("previous log of %s/%s[%s] is gone; using the current log", namespace, pod, container)
     text = (f"The previous container's log is no longer available ({message}); "
             f"diagnosing from the current container's log instead.")
@@ -140,13 +135,13 @@ def node_with_gpu_pods(api: KubeApi, node_name: str, namespace: str, pod_name: s
     notes: list[dict[str, Any]] = []
     try:
         node = api.get_node(node_name)
-    except (KubeForbidden, ApiException) as exc:
+    except KubeError as exc:
         # Node access is cluster-scoped; a namespace-only install may lack it. Diagnose without it.
         notes.append(note(f"node {node_name} could not be read: {exc}", namespace, pod_name))
         return None, notes
     try:
         neighbours = api.list_pods_on_node(node_name)
-    except (KubeForbidden, ApiException) as exc:
+    except KubeError as exc:
         notes.append(note(f"pods on node {node_name} could not be listed: {exc}", namespace, pod_name))
         neighbours = []
     gpu_pods = []

@@ -8,6 +8,7 @@ from typing import Any
 from bot.app.incidents import LABEL_PREFIX, GROUP, KIND, PLURAL, VERSION, change_summary, incident_labels, selector_value
 from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident
+from bot.kube.errors import KubeConflict, KubeNotFound
 
 
 def to_custom_object(incident: Incident) -> dict[str, Any]:
@@ -43,9 +44,9 @@ def from_custom_object(obj: dict[str, Any]) -> Incident:
 class KubeIncidentStore:
     """Incidents as vllmincidents.oncall.vllm.ai/v1 objects in one namespace.
 
-    create -> 409 AlreadyExists -> IncidentExists. update is a merge patch carrying
+    create -> 409 AlreadyExists (KubeConflict) -> IncidentExists. update is a merge patch carrying
     metadata.resourceVersion, which the API server treats as a precondition: 409 Conflict when
-    someone else wrote in between -> IncidentConflict.
+    someone else wrote in between (or 404, deleted) -> IncidentConflict.
 
     The record is kept as one JSON string in spec.record: it round-trips exactly (no schema
     pruning of nested fields) and a merge patch replaces it whole, so no stale key survives.
@@ -65,30 +66,20 @@ class KubeIncidentStore:
         return cls(KubeApi(api_client_from_environment(context)), namespace)
 
     def create(self, incident: Incident) -> Incident:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             obj = self.api.create_custom(GROUP, VERSION, self.namespace, PLURAL, to_custom_object(incident))
-        except ApiException as exc:
-            if exc.status == 409:
-                raise IncidentExists(incident.name) from None
-            raise
+        except KubeConflict:  # 409 AlreadyExists
+            raise IncidentExists(incident.name) from None
         return from_custom_object(obj)
 
     def get(self, name: str) -> Incident | None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             obj = self.api.get_custom(GROUP, VERSION, self.namespace, PLURAL, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except KubeNotFound:
+            return None
         return from_custom_object(obj)
 
     def update(self, incident: Incident) -> Incident:
-        from kubernetes.client.exceptions import ApiException
-
         if not incident.version:
             raise IncidentConflict(f"{incident.name}: no resourceVersion to compare against")
         body = to_custom_object(incident)
@@ -96,10 +87,8 @@ class KubeIncidentStore:
                  "spec": body["spec"]}
         try:
             obj = self.api.patch_custom(GROUP, VERSION, self.namespace, PLURAL, incident.name, patch)
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                raise IncidentConflict(f"{incident.name}: {exc.reason}") from None
-            raise
+        except (KubeNotFound, KubeConflict) as exc:
+            raise IncidentConflict(f"{incident.name}: {exc.reason}") from None
         return from_custom_object(obj)
 
     def list(self, **labels: str) -> list[Incident]:

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import logging
+import threading
 import time
+from collections import OrderedDict
 from datetime import timedelta
 from typing import Any, Callable
 
-from kubernetes.client.exceptions import ApiException
-
 from bot.remedy import changes as ch
 from bot.remedy import plan
-from bot.kube.api import KubeApi, api_client_from_environment, is_conflict, status_message
+from bot.kube.api import KubeApi, api_client_from_environment
 from bot.kube.collect import HEAD_BYTES, TAIL_LINES, age_key, collect, get_pod_or_suggest
-from bot.kube.errors import PodGone
+from bot.kube.errors import KubeConflict, KubeError, KubeInvalid, PodGone
 from bot.kube.retry import RetryPolicy
 from bot.kube.verify import follow_rollout, pod_state, selector_string
 from bot.remedy.ownership import resolve_owner
@@ -22,6 +23,35 @@ from bot.app.records import ApplyResult, Verification
 from bot.remedy.models import Proposal, WorkloadRef
 
 log = logging.getLogger("bot.kube")
+
+
+class ResolvedWorkloads:
+    """The workload objects `workload_for` read, so `propose` can build on the same object without
+    reading the ReplicaSet and Deployment again.
+
+    Keyed by the whole WorkloadRef, which carries the object's resourceVersion, and kept only when
+    that resourceVersion is the object's own: an object's content at one resourceVersion never
+    changes, so an entry can be old but never stale. (The proposal is bound to that
+    resourceVersion by its `test` ops anyway.) Bounded, thread-safe."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._objects: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, ref: WorkloadRef, obj: dict[str, Any]) -> None:
+        if not ref.resource_version or ref.resource_version != (obj.get("metadata") or {}).get("resourceVersion"):
+            return  # e.g. "its Deployment is gone": the pod stands in for the workload; not versioned by ref
+        with self._lock:
+            self._objects[ref.model_dump_json()] = copy.deepcopy(obj)
+            self._objects.move_to_end(ref.model_dump_json())
+            while len(self._objects) > self.size:
+                self._objects.popitem(last=False)
+
+    def get(self, ref: WorkloadRef) -> dict[str, Any] | None:
+        with self._lock:
+            obj = self._objects.get(ref.model_dump_json())
+        return copy.deepcopy(obj) if obj is not None else None
 
 
 class LiveCluster:
@@ -38,6 +68,7 @@ class LiveCluster:
         self.head_bytes = head_bytes
         self.tail_lines = tail_lines
         self._diagnose = diagnose
+        self.resolved = ResolvedWorkloads()
 
     @classmethod
     def from_environment(cls, name: str = "default", context: str | None = None, kubeconfig: str | None = None,
@@ -52,12 +83,9 @@ class LiveCluster:
             return get_pod_or_suggest(self.api, namespace, name)["metadata"]["name"]
         except PodGone as gone:
             for kind in ("Deployment", "StatefulSet"):
-                try:
-                    workload = self.api.get_workload(kind, namespace, name)
-                except ApiException as exc:
-                    if exc.status == 404:
-                        continue
-                    raise
+                workload = self.api.find_workload(kind, namespace, name)
+                if workload is None:
+                    continue
                 pods = self.api.list_pods(namespace, label_selector=selector_string(workload))
                 if pods:
                     container = ch.pod_spec_of(workload)["containers"][
@@ -75,33 +103,39 @@ class LiveCluster:
             raise ValueError("the evidence has no pod; cannot find its workload")
         container = evidence.container or ch.pod_spec_of(evidence.pod)["containers"][
             ch.container_index(ch.pod_spec_of(evidence.pod), None)]["name"]
-        return resolve_owner(self.api, evidence.pod, container)
+        ref, obj = resolve_owner(self.api, evidence.pod, container)
+        self.resolved.remember(ref, obj)
+        return ref, obj
 
     def workload_for(self, evidence: Evidence) -> WorkloadRef:
         return self._workload(evidence)[0]
 
     # -- proposing
-    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
-        ref, obj = self._workload(evidence)
-        proposal = plan.make_proposal(self.name, ref, obj, diagnosis, self.proposal_ttl)
-        if proposal is None or ref.live_patch_blocked:
+    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence,
+                workload: WorkloadRef | None = None) -> Proposal | None:
+        """The proposal for `workload` as `workload_for` read it (no second read of the owners).
+        Without `workload`, or for one this cluster did not resolve, the owners are read again."""
+        obj = self.resolved.get(workload) if workload is not None else None
+        if workload is None or obj is None:
+            workload, obj = self._workload(evidence)
+        proposal = plan.make_proposal(self.name, workload, obj, diagnosis, self.proposal_ttl)
+        if proposal is None or workload.live_patch_blocked:
             return proposal
         try:
-            self.api.patch_workload(ref.kind, ref.namespace, ref.name, proposal.json_patch, dry_run=True)
+            self.api.patch_workload(workload.kind, workload.namespace, workload.name, proposal.json_patch,
+                                    dry_run=True)
             return proposal.model_copy(update={"dry_run_ok": True, "dry_run_message": "server-side dry run passed"})
-        except ApiException as exc:
-            if exc.status not in (400, 409, 422):
-                raise
+        except (KubeInvalid, KubeConflict) as exc:
             return proposal.model_copy(update={"dry_run_ok": False,
                                                "dry_run_message": f"server-side dry run refused the patch: "
-                                                                  f"{status_message(exc)}"})
+                                                                  f"{exc.server_message}"})
 
     # -- applying
     def apply(self, proposal: Proposal, actor: str) -> ApplyResult:
         ref = proposal.workload
         if ref.live_patch_blocked:
             return ApplyResult(ok=False, workload=ref, message=f"not patched live: {ref.live_patch_blocked}")
-        current = self._get_or_none(ref.kind, ref.namespace, ref.name)
+        current = self.api.find_workload(ref.kind, ref.namespace, ref.name)
         if current is None:
             return ApplyResult(ok=False, workload=ref, message=f"{ref.kind} {ref.namespace}/{ref.name} no longer exists")
         refused = self._refuse_if_edited(proposal, current)
@@ -114,14 +148,12 @@ class LiveCluster:
         try:
             patched = self.api.patch_workload(ref.kind, ref.namespace, ref.name, self._rebased(proposal, current)
                                               + audit)
-        except ApiException as exc:
-            if not is_conflict(exc):
-                raise
+        except KubeConflict as exc:
             # Lost a race between our read and our write: report what changed.
             latest = self.api.get_workload(ref.kind, ref.namespace, ref.name)
             return self._refuse_if_edited(proposal, latest) or ApplyResult(
                 ok=False, conflict=True, workload=ref,
-                message=f"{ref.kind} {ref.name} changed while patching ({status_message(exc)}); re-diagnose")
+                message=f"{ref.kind} {ref.name} changed while patching ({exc.server_message}); re-diagnose")
         message = plan.describe_record(record)
         self._event(patched, "VllmOncallChange", f"{message} [cluster {self.name}]")
         new_ref = ref.model_copy(update={"resource_version": patched["metadata"]["resourceVersion"]})
@@ -140,14 +172,6 @@ class LiveCluster:
                                    f"proposal (resourceVersion {ref.resource_version} -> "
                                    f"{current['metadata'].get('resourceVersion')}); re-diagnose.\n{what}")
 
-    def _get_or_none(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.api.get_workload(kind, namespace, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
     def _rebased(self, proposal: Proposal, current: dict[str, Any]) -> list[dict[str, Any]]:
         ops = plan.rebase(proposal.json_patch, current)
         assert ops is not None  # _refuse_if_edited checked it
@@ -156,12 +180,12 @@ class LiveCluster:
     def _event(self, workload: dict[str, Any], reason: str, message: str) -> None:
         try:
             self.api.create_event(workload["metadata"]["namespace"], plan.event_for(workload, reason, message))
-        except ApiException as exc:  # the annotation already holds the record; an Event is a courtesy
-            log.warning("could not create the audit Event: %s", status_message(exc))
+        except KubeError as exc:  # the annotation already holds the record; an Event is a courtesy
+            log.warning("could not create the audit Event: %s", exc.server_message)
 
     # -- rolling back
     def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
-        current = self._get_or_none(workload_kind, namespace, workload_name)
+        current = self.api.find_workload(workload_kind, namespace, workload_name)
         if current is None:
             return ApplyResult(ok=False, message=f"{workload_kind} {namespace}/{workload_name} does not exist")
         container_name = next((r["container"] for r in reversed(plan.read_audit(current))), "")
@@ -173,12 +197,10 @@ class LiveCluster:
             return ApplyResult(ok=False, conflict=refused.conflict, workload=ref, message=f"refused: {refused}")
         try:
             patched = self.api.patch_workload(workload_kind, namespace, workload_name, ops)
-        except ApiException as exc:
-            if not is_conflict(exc):
-                raise
+        except KubeConflict as exc:
             return ApplyResult(ok=False, conflict=True, workload=ref,
                                message=f"refused: {workload_kind} {workload_name} changed while rolling back "
-                                       f"({status_message(exc)}); try again")
+                                       f"({exc.server_message}); try again")
         message = plan.describe_record(record)
         self._event(patched, "VllmOncallRollback", f"{message} [cluster {self.name}]")
         return ApplyResult(ok=True, changed_fields=plan.fields_changed_by(record),

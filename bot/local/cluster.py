@@ -137,8 +137,10 @@ class LocalCluster:
     def workload_for(self, evidence: Evidence) -> WorkloadRef:
         return self._workload(evidence)[0]
 
-    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
-        ref, obj = self._workload(evidence)
+    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence,
+                workload: WorkloadRef | None = None) -> Proposal | None:
+        """`workload` as `workload_for` resolved it; the object is this bundle's working copy."""
+        ref, obj = (workload, self._current()) if workload is not None else self._workload(evidence)
         proposal = plan.make_proposal(self.name, ref, obj, diagnosis)
         if proposal is None or ref.live_patch_blocked:
             return proposal

@@ -66,11 +66,10 @@ class FakeCluster:
                            repository_hint="values.yaml: servingEngineSpec.modelSpec[0].vllmConfig.maxModelLen: 18432"
                            if self.blocked else None)
 
-    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence) -> Proposal | None:
+    def propose(self, diagnosis: DiagnosisResult, evidence: Evidence, workload: WorkloadRef) -> Proposal | None:
         if not diagnosis.changes:
             return None
         now = datetime.now(timezone.utc)
-        workload = self.workload_for(evidence)
         return Proposal(id=f"p-{workload.name}-{diagnosis.cause}", cluster=self.name, workload=workload,
                         cause=diagnosis.cause or "", title=diagnosis.title, changes=diagnosis.changes,
                         command_before=diagnosis.command_before, command_after=diagnosis.command_after,

@@ -1,0 +1,95 @@
+"""How many Kubernetes API requests one new alert costs, through the real wiring.
+
+OncallService with LiveCluster and KubeIncidentStore over the real kubernetes client, against
+the Kubernetes API stand-in, posting to the Slack Web API stand-in. One alert goes all the way:
+evidence, diagnosis, proposal with its server-side dry run, incident created, message posted,
+incident updated with the message's ts. The stand-in records every request it receives.
+
+Counts (this test's world; a small previous log, so one log read):
+- before typed errors / resolved-workload proposals: 15 (ReplicaSet and Deployment read twice,
+  the incident read three times).
+- now: 13 = 8 for the cluster (pod, previous log, events, node, GPU pods on the node,
+  ReplicaSet, Deployment, dry run: each once) + 5 for the incident (read: absent, create, read
+  before posting, read + patch to store the ts). The two reads after the create are the
+  service's (bot/app/service.py `_ensure_posted`); without them it is 11.
+- a repeat of the same alert: 11, before and now (the same 7 evidence and owner reads, then
+  the incident: read, read, read + patch).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bot.app.records import AlertTarget
+from bot.app.service import OncallService, Policy
+from bot.kube.api import KubeApi
+from bot.kube.incidents import KubeIncidentStore
+from bot.kube.live import LiveCluster
+from bot.kube.retry import RetryPolicy
+from bot.slack.chat import SlackChat, make_client
+from kubeapi.objects import container, crashing_deployment
+from kubeapi.server import FakeKube
+from slackapi import SlackStandIn
+
+EXAMPLE_LOG = (Path(__file__).resolve().parents[1] / "examples" / "incident" / "bundle" / "previous.log").read_text()
+NS = "inference"
+# What the cluster side costs for one new alert: every read once, one dry run.
+CLUSTER_CALLS = {"get pods": 1, "get pods/log": 1, "list events": 1, "get nodes": 1, "list pods": 1,
+                 "get replicasets": 1, "get deployments": 1, "patch deployments (dry run)": 1}
+MAX_CALLS_PER_NEW_ALERT = 13  # CLUSTER_CALLS + 5 incident calls (see the module docstring)
+MAX_CALLS_PER_REPEAT = 11  # the same evidence and owner reads, no dry run, no create
+
+
+@pytest.fixture
+def world():
+    kube = FakeKube().start()
+    slack = SlackStandIn().start()
+    dep, pod = crashing_deployment(kube, name="vllm-llama3-8b", previous_log=EXAMPLE_LOG, containers=[container(
+        command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
+        args=["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"])])
+    api = KubeApi(kube.api_client(), retry=RetryPolicy(attempts=3, sleep=lambda s: None))
+    chat = SlackChat(make_client("xoxb-count", slack.url), "C0ALERTS", backoff_seconds=0.01)
+    service = OncallService(LiveCluster(api, name="count"), KubeIncidentStore(api, "vllm-oncall"), chat,
+                            Policy(approver_users=frozenset({"U0A"})), metrics=chat.metrics)
+    yield {"kube": kube, "slack": slack, "service": service, "pod": pod["metadata"]["name"]}
+    slack.stop()
+    kube.stop()
+
+
+def counted(calls) -> Counter:
+    return Counter(f"{c.verb} {c.resource}{' (dry run)' if c.dry_run else ''}" for c in calls)
+
+
+def breakdown(calls) -> str:
+    return ", ".join(f"{what} x{n}" for what, n in sorted(counted(calls).items()))
+
+
+def test_one_new_alert_reads_everything_once(world):
+    kube, slack = world["kube"], world["slack"]
+    before = len(kube.calls)
+    incident = world["service"].handle_alert(AlertTarget(namespace=NS, pod=world["pod"], container="vllm"))
+    calls = kube.calls[before:]
+    # The whole job was done: a proposal that passed its dry run, one message, its ts stored.
+    assert incident is not None and incident.state == "proposed" and incident.proposal.dry_run_ok
+    assert len(slack.posts()) == 1 and incident.slack_ts
+    cluster_side = {what: n for what, n in counted(calls).items() if "vllmincidents" not in what}
+    assert cluster_side == CLUSTER_CALLS, f"cluster calls for one new alert: {breakdown(calls)}"
+    assert len(calls) <= MAX_CALLS_PER_NEW_ALERT, (
+        f"{len(calls)} Kubernetes API calls for one new alert (at most {MAX_CALLS_PER_NEW_ALERT}): "
+        f"{breakdown(calls)}")
+
+
+def test_a_repeat_alert_makes_no_dry_run_and_no_create(world):
+    kube, service = world["kube"], world["service"]
+    target = AlertTarget(namespace=NS, pod=world["pod"], container="vllm")
+    service.handle_alert(target)
+    before = len(kube.calls)
+    incident = service.handle_alert(target)
+    calls = kube.calls[before:]
+    assert incident is not None and incident.alert_count == 2 and len(world["slack"].posts()) == 1
+    assert not any(c.dry_run or c.verb == "create" for c in calls), breakdown(calls)
+    assert len(calls) <= MAX_CALLS_PER_REPEAT, (
+        f"{len(calls)} Kubernetes API calls for a repeat alert (at most {MAX_CALLS_PER_REPEAT}): {breakdown(calls)}")
