@@ -113,13 +113,33 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     s = Signals()
     for name, fact in facts.facts.items():
         s.set(name, fact.value, fact.line)
-    container = pod.container
+    _correct_activation(s, facts)
+    _stage_and_engine(s, facts)
+    _parallelism(s, facts, cmd)
+    _gpu_size(s, facts, node)
+    _memory_at_oom(s, facts)
+    _kv_capacity(s, facts, cmd)
+    _weights_estimate(s, facts, cmd)
+    _pod(s, pod)
+    _events(s, pod)
+    fatal = [e for e in facts.errors if e.value not in BENIGN_ERRORS]
+    s.set("fatal_error", bool(fatal) or bool(s.get("oom_any")), fatal[-1].line if fatal else None)
+    # a bare 'Killed' is the kernel OOM killer only when no Python exception explains the death
+    if s.get("host_oom_bare") and not s.get("host_oom") and not fatal:
+        s.set("host_oom", True, facts.line_of("host_oom_bare"))
+    s.set("log_recognised", facts.recognised)
+    return s
+
+
+def _correct_activation(s: Signals, facts: LogFacts) -> None:
     weights, activation = facts.get("weights_gib"), facts.get("activation_gib")
     if weights is not None and activation is not None and "Memory profiling results" in (facts.line_of("activation_gib") or ""):
         # vLLM 0.6.4 prints the torch peak including the weights; later versions print the increase
         s.set("activation_gib", max(0.0, activation - weights), facts.line_of("activation_gib"))
 
-    # -- where it died
+
+def _stage_and_engine(s: Signals, facts: LogFacts) -> None:
+    """Where it died (the deepest start-up stage the frames or markers prove), and V0 or V1."""
     frame_stages = [st for st in facts.frame_stages if not (st == "warmup" and facts.get("engine_ready"))]
     frame_stage = max(frame_stages, key=lambda st: FRAME_ORDER[st]) if frame_stages else None
     marker_stage = max((st for st in facts.markers if st != "ready"), key=lambda st: FRAME_ORDER[st], default=None)
@@ -131,28 +151,30 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
         stage = "startup"  # V1 init_device raises the free-memory check before any NCCL set-up
     s.set("stage", stage)
     s.set("died_before_ready", not facts.get("engine_ready"))
-
     v1 = any(k in facts.facts for k in ("kv_tokens", "free_memory_check_failed", "sampler_oom_requests",
                                          "kv_needed_gib", "estimated_max_len")) or any(
         "EngineCore" in line or "v1/" in line or "VllmWorker" in line or "V1 LLM engine" in line
         for _, line in facts.hit_lines[:400])
     s.set("engine", "v1" if v1 else "v0")
 
-    # -- command line, with the log's engine config and defaults behind it
-    def effective(flag: str, config_key: str, default: Any, cast: Any) -> Any:
-        raw = cmd.get(flag)
-        if raw is None:
-            raw = facts.get(config_key)
-        if raw is None:
-            return default
-        try:
-            return cast(raw)
-        except (TypeError, ValueError):
-            return default
 
-    tp = effective("--tensor-parallel-size", "config_tensor_parallel_size", 1, int)
-    pp = effective("--pipeline-parallel-size", "config_pipeline_parallel_size", 1, int)
-    dp = effective("--data-parallel-size", "config_data_parallel_size", 1, int)
+def _effective(cmd: ParsedCommand, facts: LogFacts, flag: str, config_key: str, default: Any, cast: Any) -> Any:
+    """A setting from the command line, else from the log's engine config, else vLLM's default."""
+    raw = cmd.get(flag)
+    if raw is None:
+        raw = facts.get(config_key)
+    if raw is None:
+        return default
+    try:
+        return cast(raw)
+    except (TypeError, ValueError):
+        return default
+
+
+def _parallelism(s: Signals, facts: LogFacts, cmd: ParsedCommand) -> None:
+    tp = _effective(cmd, facts, "--tensor-parallel-size", "config_tensor_parallel_size", 1, int)
+    pp = _effective(cmd, facts, "--pipeline-parallel-size", "config_pipeline_parallel_size", 1, int)
+    dp = _effective(cmd, facts, "--data-parallel-size", "config_data_parallel_size", 1, int)
     s.set("tensor_parallel_size", tp)
     s.set("pipeline_parallel_size", pp)
     s.set("data_parallel_size", dp)
@@ -162,7 +184,8 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     s.set("enforce_eager", eager)
     s.set("sleep_mode", str(cmd.get("--enable-sleep-mode") or "false").lower() == "true")
 
-    # -- GPU size
+
+def _gpu_size(s: Signals, facts: LogFacts, node: NodeView) -> None:
     node_gib = node.gpu_memory_mib / 1024 if node.gpu_memory_mib else None
     total = facts.get("total_gpu_gib") or facts.get("oom_total_gib") or node_gib
     s.set("gpu_total_gib", total)
@@ -170,37 +193,45 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     s.set("shared_gpu_node", "MIG" in product or "SHARED" in product or bool(node.sharing_strategy and node.sharing_strategy != "none")
           or (node.replicas or 1) > 1)
 
-    # -- memory held by others at the OOM
+
+def _memory_at_oom(s: Signals, facts: LogFacts) -> None:
+    """Memory held by others at the OOM, fragmentation, and one outsized allocation."""
     tried = facts.get("oom_tried_gib")
     if tried is not None and facts.get("oom_total_gib"):
-        o_total, o_free = facts.get("oom_total_gib"), facts.get("oom_free_gib") or 0.0
-        procs = facts.get("oom_processes_gib") or []
-        if facts.get("torch_oom_format") == "2.0":
-            reserved = facts.get("oom_reserved_gib") or 0.0
-            others = max(0.0, o_total - o_free - reserved)
-        elif facts.get("oom_this_process_gib") is not None:
-            # The list names only the processes this container can see; the rest of the used memory
-            # (other containers, other pods on the card) is total - free - this process. A container
-            # can also print 'this process has 0 bytes': PyTorch's own numbers are then the floor.
-            mine = max(facts.get("oom_this_process_gib"),
-                       (facts.get("oom_allocated_gib") or 0.0) + (facts.get("oom_reserved_unallocated_gib") or 0.0))
-            others = max(sum(procs), o_total - o_free - mine)
-        elif len(procs) > 1:
-            mine = (facts.get("oom_allocated_gib") or 0.0) + (facts.get("oom_reserved_unallocated_gib") or 0.0)
-            # with the allocation line cut off, vLLM (sized to most of the GPU) is the largest entry
-            own = min(procs, key=lambda p: abs(p - mine)) if mine > 0 else max(procs)
-            others = sum(procs) - own
-        else:
-            others = 0.0  # the only process listed is vLLM itself (container PID namespace)
-        s.set("other_processes_gib", round(others, 2), facts.line_of("oom_tried_gib"))
+        o_total = facts.get("oom_total_gib")
+        s.set("other_processes_gib", round(_others_at_oom(facts), 2), facts.line_of("oom_tried_gib"))
         unalloc = facts.get("oom_reserved_unallocated_gib") or 0.0
         s.set("fragmented", unalloc >= tried and unalloc >= max(0.5, 0.02 * o_total), facts.line_of("oom_tried_gib"))
         # one allocation of many GiB at start-up is a dummy batch's activations, not a weight or a KV block
         s.set("large_single_allocation", tried >= max(2.0, 0.08 * o_total), facts.line_of("oom_tried_gib"))
     s.set("oom_any", bool(facts.get("oom") or facts.get("cuda_driver_oom")))
 
-    # -- KV cache capacity vs --max-model-len
-    block_size = effective("--block-size", "config_block_size", 16, int)
+
+def _others_at_oom(facts: LogFacts) -> float:
+    o_total, o_free = facts.get("oom_total_gib"), facts.get("oom_free_gib") or 0.0
+    procs = facts.get("oom_processes_gib") or []
+    if facts.get("torch_oom_format") == "2.0":
+        reserved = facts.get("oom_reserved_gib") or 0.0
+        return max(0.0, o_total - o_free - reserved)
+    if facts.get("oom_this_process_gib") is not None:
+        # The list names only the processes this container can see; the rest of the used memory
+        # (other containers, other pods on the card) is total - free - this process. A container
+        # can also print 'this process has 0 bytes': PyTorch's own numbers are then the floor.
+        mine = max(facts.get("oom_this_process_gib"),
+                   (facts.get("oom_allocated_gib") or 0.0) + (facts.get("oom_reserved_unallocated_gib") or 0.0))
+        return max(sum(procs), o_total - o_free - mine)
+    if len(procs) > 1:
+        mine = (facts.get("oom_allocated_gib") or 0.0) + (facts.get("oom_reserved_unallocated_gib") or 0.0)
+        # with the allocation line cut off, vLLM (sized to most of the GPU) is the largest entry
+        own = min(procs, key=lambda p: abs(p - mine)) if mine > 0 else max(procs)
+        return sum(procs) - own
+    return 0.0  # the only process listed is vLLM itself (container PID namespace)
+
+
+def _kv_capacity(s: Signals, facts: LogFacts, cmd: ParsedCommand) -> None:
+    """KV cache capacity in tokens vs --max-model-len."""
+    pp = s.get("pipeline_parallel_size")
+    block_size = _effective(cmd, facts, "--block-size", "config_block_size", 16, int)
     capacity = facts.get("kv_capacity_tokens") or facts.get("estimated_max_len")
     if capacity is None and facts.get("gpu_blocks") is not None:
         capacity = facts.get("gpu_blocks") * block_size // max(1, pp if s.get("engine") == "v0" else 1)
@@ -215,36 +246,47 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
         s.set("max_model_len", int(max_len))
     s.set("kv_short", bool(capacity is not None and max_len and 0 < capacity < max_len))
 
-    # -- weights estimate from the model name
+
+def _weights_estimate(s: Signals, facts: LogFacts, cmd: ParsedCommand) -> None:
+    """Weights per GPU from the parameter count in the model's name."""
     model = cmd.model or facts.get("config_model")
     dtype = cmd.get("--dtype") or facts.get("config_dtype")
     quant = cmd.get("--quantization") or facts.get("config_quantization")
     billions = params_billions(model)
-    if billions:
-        per_gpu = billions * 1e9 * bytes_per_param(model, dtype, quant) / 2**30 / max(1, tp * pp)
-        s.set("weights_estimate_gib", round(per_gpu, 1))
-        if total:
-            # the model alone (nearly) fills the card: with the OOM showing vLLM itself holding it all
-            filled = (facts.get("oom_allocated_gib") or 0.0) >= 0.93 * total
-            s.set("weights_exceed_gpu_estimate", per_gpu >= 0.95 * total or (per_gpu >= 0.88 * total and filled))
+    if not billions:
+        return
+    world = max(1, s.get("world_size"))
+    per_gpu = billions * 1e9 * bytes_per_param(model, dtype, quant) / 2**30 / world
+    s.set("weights_estimate_gib", round(per_gpu, 1))
+    total = s.get("gpu_total_gib")
+    if total:
+        # the model alone (nearly) fills the card: with the OOM showing vLLM itself holding it all
+        filled = (facts.get("oom_allocated_gib") or 0.0) >= 0.93 * total
+        s.set("weights_exceed_gpu_estimate", per_gpu >= 0.95 * total or (per_gpu >= 0.88 * total and filled))
 
-    # -- pod
-    if container:
-        gpus = _num(container.limits.get("nvidia.com/gpu"))
-        if gpus is not None:
-            s.set("pod_gpus", int(gpus))
-            s.set("world_exceeds_pod_gpus", tp * pp > gpus)
-        s.set("exit_code", container.last_exit_code)
-        s.set("oom_killed", (container.last_reason or "") == "OOMKilled")
-        s.set("has_startup_probe", container.has_startup_probe)
-        s.set("has_liveness_probe", container.has_liveness_probe)
-        limit = parse_quantity(container.limits.get("memory")) if container.limits.get("memory") else None
-        s.set("memory_limit_bytes", limit)
-        conf = container.env.get("PYTORCH_CUDA_ALLOC_CONF", "") + container.env.get("PYTORCH_ALLOC_CONF", "")
-        s.set("alloc_conf_set", "expandable_segments:true" in conf.lower())
-        shm = pod.shm_volume or {}
-        mem_backed = (shm.get("emptyDir") or {}).get("medium") == "Memory" or bool(shm.get("hostPath"))
-        s.set("has_shm_volume", bool(mem_backed or pod.host_ipc))
+
+def _pod(s: Signals, pod: PodView) -> None:
+    container = pod.container
+    if not container:
+        return
+    gpus = _num(container.limits.get("nvidia.com/gpu"))
+    if gpus is not None:
+        s.set("pod_gpus", int(gpus))
+        s.set("world_exceeds_pod_gpus", s.get("world_size") > gpus)
+    s.set("exit_code", container.last_exit_code)
+    s.set("oom_killed", (container.last_reason or "") == "OOMKilled")
+    s.set("has_startup_probe", container.has_startup_probe)
+    s.set("has_liveness_probe", container.has_liveness_probe)
+    limit = parse_quantity(container.limits.get("memory")) if container.limits.get("memory") else None
+    s.set("memory_limit_bytes", limit)
+    conf = container.env.get("PYTORCH_CUDA_ALLOC_CONF", "") + container.env.get("PYTORCH_ALLOC_CONF", "")
+    s.set("alloc_conf_set", "expandable_segments:true" in conf.lower())
+    shm = pod.shm_volume or {}
+    mem_backed = (shm.get("emptyDir") or {}).get("medium") == "Memory" or bool(shm.get("hostPath"))
+    s.set("has_shm_volume", bool(mem_backed or pod.host_ipc))
+
+
+def _events(s: Signals, pod: PodView) -> None:
     liveness = [m for r, m in zip(pod.event_reasons, pod.event_messages)
                 if "Liveness probe failed" in m or "failed liveness probe" in m or r == "Unhealthy" and "Liveness" in m]
     s.set("liveness_failed", bool(liveness), liveness[0] if liveness else None)
@@ -252,14 +294,6 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     s.set("startup_probe_failed", bool(startup), startup[0] if startup else None)
     if any(r in {"OOMKilling", "SystemOOM"} or "OOMKilled" in m for r, m in zip(pod.event_reasons, pod.event_messages)):
         s.set("oom_killed", True)
-
-    fatal = [e for e in facts.errors if e.value not in BENIGN_ERRORS]
-    s.set("fatal_error", bool(fatal) or bool(s.get("oom_any")), fatal[-1].line if fatal else None)
-    # a bare 'Killed' is the kernel OOM killer only when no Python exception explains the death
-    if s.get("host_oom_bare") and not s.get("host_oom") and not fatal:
-        s.set("host_oom", True, facts.line_of("host_oom_bare"))
-    s.set("log_recognised", facts.recognised)
-    return s
 
 
 def gib(value: float | None) -> str:
