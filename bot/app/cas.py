@@ -9,7 +9,7 @@ state and does nothing, so a double click, two approvers or two replicas act exa
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from bot.app.ports import IncidentConflict, IncidentStore
@@ -21,7 +21,7 @@ ATTEMPTS = 8  # lost races before giving up
 
 
 def iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def noted(incident: Incident, now: datetime, *lines: str) -> list[str]:

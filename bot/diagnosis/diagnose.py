@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import re
 import string
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from bot.diagnosis import cmdline
-from bot.diagnosis import render
+from bot.diagnosis import cmdline, render
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, run_formula
 from bot.diagnosis.logfacts import LogFacts, extract

@@ -24,14 +24,23 @@ from __future__ import annotations
 import logging
 import re
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from bot.diagnosis.models import ChangeKind
 
@@ -58,14 +67,14 @@ class Condition(Strict):
     below: float | None = None
     at_least: float | None = None
     at_most: float | None = None
-    any: list["Condition"] | None = None
-    all: list["Condition"] | None = None
-    not_: "Condition | None" = Field(default=None, alias="not")
+    any: list[Condition] | None = None
+    all: list[Condition] | None = None
+    not_: Condition | None = Field(default=None, alias="not")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @model_validator(mode="after")
-    def one_kind(self) -> "Condition":
+    def one_kind(self) -> Condition:
         kinds = [k for k in ("log", "signal", "any", "all", "not_") if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ValueError("a condition is exactly one of `log`, `signal`, `any`, `all`, `not`")

@@ -21,7 +21,7 @@ SEGMENTS = [  # (label, bar character)
 ]
 
 
-def memory_picture(signals: "Signals") -> str:
+def memory_picture(signals: Signals) -> str:
     """One GPU's budget from the numbers the log gave; empty when it gave too few."""
     total = signals.get("gpu_total_gib")
     if not total:
@@ -60,7 +60,7 @@ def memory_picture(signals: "Signals") -> str:
     return "\n".join([head] + lines)
 
 
-def _oom_picture(signals: "Signals", total: float) -> str:
+def _oom_picture(signals: Signals, total: float) -> str:
     """What PyTorch's out-of-memory message says about the GPU at the moment it failed."""
     free = signals.get("oom_free_gib") or 0.0
     others = signals.get("other_processes_gib") or 0.0
@@ -80,7 +80,7 @@ def command_line(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv) if argv else "(not known: no pod spec)"
 
 
-def render_text(d: "DiagnosisResult") -> str:
+def render_text(d: DiagnosisResult) -> str:
     where = "/".join(x for x in (d.namespace, d.pod) if x) or "(log only)"
     out = [f"vLLM crash diagnosis: {where}" + (f" container {d.container}" if d.container else "")]
     context = [x for x in (f"node {d.node}" if d.node else "", d.gpu or "", f"restarts {d.restarts}" if d.restarts else "") if x]

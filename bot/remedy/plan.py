@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bot.remedy import changes as ch
-from bot.remedy.ownership import repository_hint
 from bot.diagnosis.models import DiagnosisResult
+from bot.remedy import changes as ch
 from bot.remedy.models import Proposal, WorkloadRef
+from bot.remedy.ownership import repository_hint
 
 AUDIT_ANNOTATION = "vllm-oncall.io/last-change"
 AUDIT_MAX_RECORDS = 5
@@ -30,7 +30,7 @@ ALWAYS_RECORDED = ("command", "args")
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def argv(pod_spec: dict[str, Any], container: str) -> list[str]:

@@ -14,16 +14,16 @@ import random
 import socket
 import time
 import urllib.error
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
-from bot.app.records import Incident
-from bot.app.ports import ChatUnavailable
-from bot.app.records import MessageRef, Note
 from bot.app.metrics import Metrics
+from bot.app.ports import ChatUnavailable
+from bot.app.records import Incident, MessageRef, Note
 from bot.slack.blocks import incident_message, note_message
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,7 @@ import itertools
 import sys
 from typing import TextIO
 
-from bot.app.records import Incident
-from bot.app.records import MessageRef, Note
+from bot.app.records import Incident, MessageRef, Note
 from bot.slack.blocks import blocks_to_text, incident_message, note_message
 
 
