@@ -43,7 +43,7 @@ class OncallService:
     def __init__(self, cluster: ClusterPort, store: IncidentStore, chat: ChatPort, policy: Policy | None = None,
                  metrics: Metrics | None = None,
                  diagnose: Callable[[Evidence], DiagnosisResult] = default_diagnose,
-                 run_later: Callable[[Callable[[], None]], object] | None = None,
+                 run_later: Callable[[Callable[[], object]], object] | None = None,
                  clock: Callable[[], datetime] = utcnow):
         self.cluster, self.store, self.chat = cluster, store, chat
         self.policy = policy or Policy()

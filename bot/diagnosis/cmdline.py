@@ -234,7 +234,7 @@ def _tokens(command: list[str] | None, args: list[str] | None, shell: tuple[str,
     """The words vLLM would see: a `sh -c` script split into words, or command + args as they are."""
     if shell:
         where, idx = shell
-        script = (command if where == "command" else args or [])[idx]
+        script = ((command or []) if where == "command" else (args or []))[idx]
         return [Token(text, where, idx, span) for text, span in _shell_words(script)]
     return [Token(item, where, i) for where, items in (("command", command), ("args", args))
             for i, item in enumerate(items or [])]

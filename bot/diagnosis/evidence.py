@@ -90,7 +90,7 @@ def pod_view(evidence: Evidence) -> PodView:
     c = pick_container(pod, evidence.container) if pod else None
     container = None
     if c is not None:
-        status = next((s for s in (pod.get("status") or {}).get("containerStatuses") or []
+        status: dict[str, Any] = next((s for s in (pod.get("status") or {}).get("containerStatuses") or []
                        if s.get("name") == c.get("name")), {})
         last = ((status.get("lastState") or {}).get("terminated")) or {}
         if not last:

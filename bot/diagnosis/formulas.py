@@ -644,7 +644,7 @@ def startup_probe_for_load(ctx: Context) -> Computed | None:
     window = int(min(3600, max(600, math.ceil(estimate / 60) * 60)))
     threshold = window // period
     probe = {**handler, "periodSeconds": period, "failureThreshold": threshold}
-    if startup and threshold * period <= budget:
+    if startup and budget is not None and threshold * period <= budget:
         return None
     before = json.dumps(startup, separators=(",", ":")) if startup else None
     return Computed(after=json.dumps(probe, separators=(",", ":")), before=before,
