@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from bot.diagnosis.redact import (RedactionPatternError, Redactor, is_secret_name, redact, redact_args,
-                                  redact_env)
 from conftest import FIXTURE_BUNDLES, SHARED_CORPUS
+
+from bot.diagnosis.redact import RedactionPatternError, Redactor, is_secret_name, redact, redact_args, redact_env
 
 AWS_ID = "AKIAIOSFODNN7EXAMPLE"
 JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ."
@@ -23,7 +22,7 @@ PEM_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj"
 
 SECRET_LINES = [
     (f"creds: aws_access_key_id={AWS_ID}", AWS_ID),
-    (f"key id ASIAY34FZKBOKMUTVV7A in use", "ASIAY34FZKBOKMUTVV7A"),
+    ("key id ASIAY34FZKBOKMUTVV7A in use", "ASIAY34FZKBOKMUTVV7A"),
     (f"got token {JWT} from the proxy", JWT.split(".")[1]),
     ("INFO 06-01 10:00:00 [api_server.py:1000] non-default args: {'model': 'Qwen/Qwen3-8B', "
      "'api_key': ['s3cr3t-one', 's3cr3t-two'], 'max_model_len': 32768}", "s3cr3t-one"),
