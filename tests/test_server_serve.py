@@ -88,9 +88,9 @@ def test_socket_mode_is_chosen_by_the_app_token(slack, tmp_path):
     try:
         assert socket_handler is not None and server.bolt_app is None  # Slack events come over the socket
     finally:
-        server.httpd.server_close()
+        server.stop()
     server, socket_handler = build_server(load_settings(env_for(slack, tmp_path, 0)))
     try:
         assert socket_handler is None and server.bolt_app is not None  # HTTP: /slack/events
     finally:
-        server.httpd.server_close()
+        server.stop()

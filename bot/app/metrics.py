@@ -31,6 +31,19 @@ class Metrics:
         self.slack_failures = Counter("vllm_oncall_slack_failures", "Slack Web API calls that failed for good",
                                       ["method"], registry=r)
         self.kube_retries = Counter("vllm_oncall_kube_retries", "Kubernetes API calls retried", registry=r)
+        # The webhook and the HTTP server (bot.http): every request answered with an error, by a
+        # fixed reason word; every alert of an accepted batch, by what became of it.
+        self.http_rejected = Counter("vllm_oncall_http_rejected", "HTTP requests answered with an error, by reason",
+                                     ["reason"], registry=r)
+        self.webhook_alerts = Counter("vllm_oncall_webhook_alerts",
+                                      "Alerts of accepted webhook batches: queued (new work item), folded (into a "
+                                      "pending item), duplicate (same pod already pending)", ["outcome"], registry=r)
+        self.alert_work_items = Counter("vllm_oncall_alert_work_items", "Work items queued (at most one per workload "
+                                        "while there is room)", registry=r)
+        # The optional LLM commentator (bot.llm): posted, dropped (failed the checks), timeout, error,
+        # over_budget, repeat (this incident was commented on already).
+        self.llm_comments = Counter("vllm_oncall_llm_comments", "LLM commentary attempts by outcome", ["outcome"],
+                                    registry=r)
         self.alert_to_post = Histogram("vllm_oncall_alert_to_post_seconds",
                                        "From alert received to incident message posted",
                                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)

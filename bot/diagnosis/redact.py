@@ -1,22 +1,276 @@
-"""Remove secrets from log text before it leaves the bot (chat message, LLM prompt, ticket)."""
+"""Remove secrets from text before it leaves the bot (chat message, Event, annotation, incident
+object, LLM prompt), and from a container's command line and environment.
+
+Pure: no I/O. Three kinds of rule:
+
+- token formats that are secrets wherever they appear (AWS key ids, JWTs, Google API keys,
+  Slack, Hugging Face, OpenAI, GitHub and GitLab tokens, PEM private keys). The regexes are
+  adapted from gitleaks' default rules (config/gitleaks.toml, MIT licence, Copyright (c) 2019
+  Zachary Rice), loosened where gitleaks insists on an exact length to avoid false alarms in
+  source code: for redaction a slightly wider match is the safe side.
+- `name=value` / `name: value` / `"name": "value"` / `--name value` where the name is
+  secret-like (`*_TOKEN`, `*_KEY`, `*PASSWORD*`, `*SECRET*`, `api_key`, `x-api-key`, ...), the
+  `Authorization` header, and the password in a URL's userinfo. The value goes, the name stays,
+  so the reader still sees *which* setting was there.
+- patterns the operator configures (`Redactor(extra_patterns)`).
+
+Deliberately not redacted: empty values (`None`, `null`, `''`, booleans), references such as
+`$HF_TOKEN`, and small numbers after token-count names (`max_prompt_adapter_token=0`): they are
+vLLM's ordinary start-up lines, and hiding them would hide the evidence.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-_PATTERNS = [
-    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_***"),
-    (re.compile(r"\b(sk-(?:proj-)?[A-Za-z0-9_-]{16,})"), "sk-***"),
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "xox*-***"),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), "gh*_***"),
-    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1***"),
-    (re.compile(r"(?i)\b([A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY)[A-Z0-9_]*)(\s*[=:]\s*)(['\"]?)[^\s'\",}]+"),
-     r"\1\2\3***"),
-    (re.compile(r"(?i)(https?://[^\s:/@]+:)[^\s@/]+@"), r"\1***@"),
-]
+MASK = "***"
+
+
+class RedactionPatternError(ValueError):
+    """A configured redaction pattern that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    pattern: re.Pattern[str]
+    replacement: str
+
+
+def _rule(name: str, regex: str, replacement: str, flags: int = 0) -> Rule:
+    return Rule(name, re.compile(regex, flags), replacement)
+
+
+# Tokens that are secrets wherever they appear (adapted from gitleaks, see the module docstring).
+TOKEN_RULES: tuple[Rule, ...] = (
+    _rule("pem-private-key",
+          r"-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
+          r"(?:[\s\S]*?-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----|.*)",
+          "-----BEGIN PRIVATE KEY----- *** -----END PRIVATE KEY-----"),
+    _rule("pem-body-line", r"^[ \t]*(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[a-z])[A-Za-z0-9+/]{60,76}={0,2}[ \t]*$",
+          MASK, re.MULTILINE),
+    _rule("jwt", r"\bey[A-Za-z0-9_-]{10,}\.ey[A-Za-z0-9_/\\-]{10,}\.[A-Za-z0-9_/\\-]*={0,2}", "eyJ***"),
+    _rule("aws-access-key-id", r"\b(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b", "AKIA***"),
+    _rule("gcp-api-key", r"\bAIza[\w-]{35}", "AIza***"),
+    _rule("huggingface-token", r"\bhf_[A-Za-z0-9]{20,}", "hf_***"),
+    _rule("openai-key", r"\bsk-(?:proj-|svcacct-|admin-|ant-)?[A-Za-z0-9_-]{16,}", "sk-***"),
+    _rule("slack-webhook", r"\bhooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/_-]{20,}",
+          "hooks.slack.com/***"),
+    _rule("slack-token", r"\bxox[abposre]-[A-Za-z0-9-]{10,}", "xox*-***"),
+    _rule("slack-app-token", r"\bxapp-\d-[A-Za-z0-9-]{10,}", "xapp-***"),
+    _rule("github-token", r"\bgh[pousr]_[A-Za-z0-9]{20,}", "gh*_***"),
+    _rule("github-fine-grained-pat", r"\bgithub_pat_\w{22,}", "github_pat_***"),
+    _rule("gitlab-pat", r"\bglpat-[\w-]{20,}", "glpat-***"),
+)
+
+# `Authorization: Bearer x`, `authorization='Basic x'`: the scheme stays, the credentials go.
+_AUTHORIZATION = re.compile(
+    r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)"
+    r"(?:(bearer|basic|token|digest|negotiate|apikey)\s+)?[^\s\"',;)}\]]+")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
+# scheme://user:password@host -> scheme://user:***@host
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@'\"]+:)[^\s@/'\"]+@")
+_VALUE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]\n]*\]|(?:[^\s,;)}\]'\":]|:(?!\s|$))+")
+# name=value, name: value, 'name': 'value', "name": "value", name := value (the name and separator;
+# the value is read only after a secret-like name, so `headers: x-api-key: v` still finds x-api-key)
+_ASSIGNMENT = re.compile(r"(?P<q>[\"']?)(?P<name>\b[A-Za-z_][A-Za-z0-9_.-]{0,80})(?P=q)(?P<sep>\s*(?::=|=|:)\s*)")
+# --flag value, --flag=value (a command line inside a log line or a `sh -c` script)
+_FLAG = re.compile(r"(?P<name>--[A-Za-z0-9][A-Za-z0-9_-]{0,80})(?P<sep>=|[ \t]+)")
+
+_EMPTY_VALUES = {"", "none", "null", "nil", "true", "false", "''", '""', "[]", "{}", "<none>", "***"}
+_SECRET_WORDS = ("password", "passwd", "secret")
+_SECRET_LAST = {"token", "key", "secret", "password", "passwd", "pwd", "apikey", "credentials", "credential",
+                "pat"}
+_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "token"),
+                 ("client", "secret"), ("session", "token")}
+
+
+def name_parts(name: str) -> list[str]:
+    """`HF_TOKEN`, `hf-token`, `--hf-token`, `hfToken`, `x.api.key` -> lower-case words."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name.lstrip("-"))
+    return [p for p in re.split(r"[_.\-\s]+", spaced.lower()) if p]
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a setting of this name holds a secret: `*_TOKEN`, `*_KEY`, `*PASSWORD*`,
+    `*SECRET*`, `api_key`, `x-api-key`, `--hf-token`, `--token`. Not `tokenizer`,
+    `max_num_batched_tokens` or `kv_cache_dtype`."""
+    parts = name_parts(name)
+    if not parts:
+        return False
+    joined = "".join(parts)
+    if any(word in joined for word in _SECRET_WORDS):
+        return True
+    if parts[-1] == "key":
+        return len(parts) >= 2  # FOO_KEY, api-key; a bare `key` is too common in logs
+    if parts[-1] in _SECRET_LAST or "apikey" in parts:
+        return True
+    return any(pair in _SECRET_PAIRS for pair in zip(parts, parts[1:]))
+
+
+def _keeps_value(name: str, value: str) -> bool:
+    """Values that are not secrets even under a secret-like name (see the module docstring)."""
+    bare = value.strip("'\"[] ").lower()
+    if bare in _EMPTY_VALUES or value.strip().lower() in _EMPTY_VALUES:
+        return True
+    if value.lstrip("'\"").startswith("$"):
+        return True  # a reference to a variable, not the secret itself
+    return name_parts(name)[-1:] == ["token"] and bare.isdigit() and len(bare) <= 6
+
+
+def _masked(value: str) -> str:
+    """Keep the value's quoting or list brackets, so the line still reads as it did."""
+    if value[:1] in "'\"" and value[-1:] == value[:1] and len(value) >= 2:
+        return value[0] + MASK + value[0]
+    if value.startswith("["):
+        return f"['{MASK}']"
+    return MASK
+
+
+def _mask_values(text: str, names: re.Pattern[str]) -> str:
+    """Mask the value after every secret-like name that `names` finds."""
+    out: list[str] = []
+    done = 0
+    for match in names.finditer(text):
+        if match.start() < done:
+            continue  # inside a value already masked
+        name = match.group("name")
+        if name.lower() in ("authorization", "proxy-authorization") or not is_secret_name(name):
+            continue
+        value = _VALUE.match(text, match.end())
+        if value is None or _keeps_value(name, value.group(0)):
+            continue
+        out.append(text[done:match.end()] + _masked(value.group(0)))
+        done = value.end()
+    return "".join(out) + text[done:]
+
+
+def _authorization(match: re.Match[str]) -> str:
+    scheme = match.group(2)
+    if match.group(0)[len(match.group(1)):].strip().lower() in _EMPTY_VALUES:
+        return match.group(0)
+    return f"{match.group(1)}{scheme + ' ' if scheme else ''}{MASK}"
+
+
+def redact_structure(text: str) -> str:
+    """The name-based rules: assignments, flags, the Authorization header, URL passwords."""
+    text = _AUTHORIZATION.sub(_authorization, text)
+    text = _BEARER.sub(r"\1" + MASK, text)
+    text = _URL_USERINFO.sub(r"\1" + MASK + "@", text)
+    text = _mask_values(text, _FLAG)
+    return _mask_values(text, _ASSIGNMENT)
+
+
+def redact_tokens(text: str, rules: Iterable[Rule] = TOKEN_RULES) -> str:
+    for rule in rules:
+        text = rule.pattern.sub(rule.replacement, text)
+    return text
+
+
+def compile_patterns(patterns: Sequence[str]) -> tuple[Rule, ...]:
+    """Operator-configured patterns. The whole match is replaced by ***, or only the group
+    named `secret` when the pattern has one. Raises RedactionPatternError naming the pattern."""
+    rules = []
+    for index, source in enumerate(patterns):
+        try:
+            pattern = re.compile(source)
+        except re.error as exc:
+            raise RedactionPatternError(
+                f"redaction pattern {index + 1} {source!r} is not a valid regular expression: {exc}") from None
+        if pattern.fullmatch(""):
+            raise RedactionPatternError(
+                f"redaction pattern {index + 1} {source!r} matches the empty string; it would mask everything")
+        rules.append(Rule(f"configured-{index + 1}", pattern, MASK))
+    return tuple(rules)
+
+
+def _configured(rule: Rule, text: str) -> str:
+    if "secret" not in rule.pattern.groupindex:
+        return rule.pattern.sub(MASK, text)
+
+    def inner(match: re.Match[str]) -> str:
+        start, end = match.span("secret")
+        if start < 0:
+            return match.group(0)
+        whole = match.group(0)
+        return whole[: start - match.start()] + MASK + whole[end - match.start():]
+
+    return rule.pattern.sub(inner, text)
+
+
+class Redactor:
+    """The built-in rules plus the operator's own patterns, for text, argv lists and env."""
+
+    def __init__(self, extra_patterns: Sequence[str] = ()):
+        self.configured = compile_patterns(extra_patterns)
+
+    def text(self, text: str) -> str:
+        text = redact_structure(redact_tokens(text))
+        for rule in self.configured:
+            text = _configured(rule, text)
+        return text
+
+    def args(self, args: Sequence[str] | None) -> list[str]:
+        """A container's command or args: `--api-key X`, `--api-key=X`, and every argument's
+        text (a `sh -c` script, a URL with a password) through the text rules."""
+        out: list[str] = []
+        secret_flag: str | None = None
+        for arg in args or []:
+            arg = str(arg)
+            if secret_flag is not None and not arg.startswith("--"):
+                out.append(arg if _keeps_value(secret_flag, arg) else MASK)
+                secret_flag = None
+                continue
+            secret_flag = None
+            name, equals, value = arg.partition("=")
+            if arg.startswith("--") and is_secret_name(name):
+                if not equals:
+                    secret_flag = name  # the value is the next argument
+                    out.append(arg)
+                else:
+                    out.append(arg if _keeps_value(name, value) else f"{name}={MASK}")
+                continue
+            out.append(self.text(arg))
+        return out
+
+    def env(self, env: Sequence[Any] | None) -> list[Any]:
+        """A container's env: the value of a secret-like name is replaced, any other value goes
+        through the text rules; `valueFrom` (a reference to a Secret) is left as it is."""
+        out: list[Any] = []
+        for entry in env or []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("value"), str):
+                out.append(entry)
+                continue
+            name, value = str(entry.get("name", "")), entry["value"]
+            hidden = is_secret_name(name) and not _keeps_value(name, value)
+            out.append({**entry, "value": MASK if hidden else self.text(value)})
+        return out
+
+    def container(self, container: dict[str, Any]) -> dict[str, Any]:
+        """A copy of a container spec with command, args and env redacted."""
+        out = dict(container)
+        for field in ("command", "args"):
+            if isinstance(out.get(field), list):
+                out[field] = self.args(out[field])
+        if isinstance(out.get("env"), list):
+            out["env"] = self.env(out["env"])
+        return out
+
+
+DEFAULT = Redactor()
 
 
 def redact(text: str) -> str:
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
+    """Text with every built-in secret format masked (see the module docstring)."""
+    return DEFAULT.text(text)
+
+
+def redact_args(args: Sequence[str] | None) -> list[str]:
+    return DEFAULT.args(args)
+
+
+def redact_env(env: Sequence[Any] | None) -> list[Any]:
+    return DEFAULT.env(env)

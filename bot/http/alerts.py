@@ -1,16 +1,16 @@
-"""`POST /alerts`: Alertmanager's webhook (version 4) parsed, authenticated and validated, one
-job queued per matching alert. Answers at once: a webhook that waited for a diagnosis would time
-out and be re-sent. When the queue is full the whole batch gets 503, which Alertmanager retries,
-instead of silently dropping part of it."""
+"""`POST /alerts`: Alertmanager's webhook (version 4) parsed, authenticated and validated, and
+its alerts handed to the work queue folded per workload (see executor.py). Answers at once: a
+webhook that waited for a diagnosis would time out and be re-sent. A valid batch is accepted
+whole; only a bot that is far behind (executor.max_pending_alerts) answers 503, which
+Alertmanager retries. Every refusal is counted by reason (vllm_oncall_http_rejected)."""
 
 from __future__ import annotations
 
-import functools
 import hmac
 import json
 import logging
+import re
 import time
-from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -18,9 +18,48 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from bot.app.metrics import Metrics
 from bot.app.records import AlertTarget
 from bot.app.service import OncallService
-from bot.http.executor import BoundedExecutor, InlineExecutor
+from bot.http.executor import InlineExecutor, Work, WorkQueue
+from bot.http.wire import printable
 
 log = logging.getLogger(__name__)
+MAX_JSON_DEPTH = 32
+# Kubernetes object names: what the labels must be before they reach a log line, a Slack
+# message or an API path (a newline or a `<!channel>` in a label is not a pod).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes uses for generated name suffixes
+_GENERATED_SUFFIX = re.compile(rf"-(?:[{_CHARS}]{{1,10}}-[{_CHARS}]{{5}}|[{_CHARS}]{{5}}|[0-9]{{1,5}})$")
+
+
+def workload_key(namespace: str, pod: str) -> str:
+    """The workload a pod most likely belongs to, from the name Kubernetes generated for it:
+    `<deployment>-<template-hash>-<5 chars>`, `<statefulset>-<ordinal>`, `<owner>-<5 chars>`.
+    Only a folding key: the service resolves the real owner from the pod itself."""
+    return f"{namespace}/{_GENERATED_SUFFIX.sub('', pod) or pod}"
+
+
+class JSONError(ValueError):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def load_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads with a depth limit: deeply nested input is refused, never a RecursionError."""
+    try:
+        doc = json.loads(body)
+    except RecursionError:
+        raise JSONError("json_too_deep", f"JSON nested deeper than {max_depth} levels") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise JSONError("malformed_json", f"malformed JSON: {printable(exc, 200)}") from None
+    level: list[Any] = [doc]
+    for _ in range(max_depth):
+        level = [child for node in level
+                 for child in (node.values() if isinstance(node, dict) else node if isinstance(node, list) else ())
+                 if isinstance(child, (dict, list))]
+        if not level:
+            return doc
+    raise JSONError("json_too_deep", f"JSON nested deeper than {max_depth} levels")
 
 
 # ---- Alertmanager webhook payload, version 4 ------------------------------------------------
@@ -58,9 +97,9 @@ def one_line(exc: ValidationError) -> str:
 
 
 class AlertIntake:
-    """Parse, authenticate and validate a webhook call; queue one job per matching alert."""
+    """Parse, authenticate and validate a webhook call; hand its alerts to the work queue."""
 
-    def __init__(self, service: OncallService, executor: BoundedExecutor | InlineExecutor,
+    def __init__(self, service: OncallService, executor: WorkQueue | InlineExecutor,
                  alertnames: tuple[str, ...] | list[str] = ("KubePodCrashLooping",), token: str | None = None):
         self.service = service
         self.executor = executor
@@ -68,26 +107,46 @@ class AlertIntake:
         self.token = token
         self.metrics: Metrics = service.metrics
 
+    def _refuse(self, status: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
+        self.metrics.http_rejected.labels(reason).inc()
+        return status, {"error": message}
+
     def receive(self, body: bytes, authorization: str | None) -> tuple[int, dict[str, Any]]:
         received_at = time.monotonic()
         if self.token is not None:
             expected = f"Bearer {self.token}".encode()
-            if not hmac.compare_digest((authorization or "").encode(), expected):
-                return 401, {"error": "missing or wrong bearer token"}
+            if not hmac.compare_digest((authorization or "").encode("utf-8", "replace"), expected):
+                return self._refuse(401, "unauthorized", "missing or wrong bearer token")
         try:
-            doc = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return 400, {"error": f"malformed JSON: {exc}"}
+            doc = load_json(body)
+        except JSONError as exc:
+            return self._refuse(400, exc.reason, str(exc))
         try:
             payload = WebhookPayload.model_validate(doc)
         except ValidationError as exc:
-            return 400, {"error": f"not an Alertmanager webhook payload: {one_line(exc)}"}
+            return self._refuse(400, "not_a_webhook", f"not an Alertmanager webhook payload: {one_line(exc)}")
+        self._log_envelope(payload)
+        works, skipped = self._works(payload, received_at)
+        admission = self.executor.submit(works, self.service.handle_alert) if works else None
+        if works and admission is None:
+            return self._refuse(503, "busy", f"busy: too many alerts waiting to take {len(works)} more; retry later")
+        if admission is not None:
+            for outcome, count in admission.counts.items():
+                if count:
+                    self.metrics.webhook_alerts.labels(outcome).inc(count)
+            self.metrics.alert_work_items.inc(admission.items)
+        return 200, {"accepted": len(works), "skipped": skipped,
+                     "duplicates": admission.counts["duplicate"] if admission else 0}
+
+    def _log_envelope(self, payload: WebhookPayload) -> None:
         if payload.version != "4":
-            log.warning("Alertmanager webhook version %s (expected 4); reading it as 4", payload.version)
+            log.warning("Alertmanager webhook version %s (expected 4); reading it as 4", printable(payload.version, 20))
         if payload.truncatedAlerts:
             log.warning("Alertmanager left out %d alert(s) of group %s (its max_alerts); they arrive with "
-                        "the next notification", payload.truncatedAlerts, payload.groupKey)
-        jobs: list[Callable[[], Any]] = []
+                        "the next notification", payload.truncatedAlerts, printable(payload.groupKey))
+
+    def _works(self, payload: WebhookPayload, received_at: float) -> tuple[list[Work], list[dict[str, Any]]]:
+        works: list[Work] = []
         skipped: list[dict[str, Any]] = []
         for index, raw in enumerate(payload.alerts):
             target, reason = self._target(raw, received_at)
@@ -95,10 +154,9 @@ class AlertIntake:
                 skipped.append({"index": index, "reason": reason})
                 self.metrics.alerts_skipped.labels(reason.split(":")[0]).inc()
                 continue
-            jobs.append(functools.partial(self.service.handle_alert, target))
-        if jobs and not self.executor.submit_all(jobs):
-            return 503, {"error": f"busy: no room for {len(jobs)} alert(s); retry later"}
-        return 200, {"accepted": len(jobs), "skipped": skipped}
+            works.append(Work(workload_key(target.namespace, target.pod),
+                              (target.namespace, target.pod, target.container), target))
+        return works, skipped
 
     def _target(self, raw: dict[str, Any], received_at: float) -> tuple[AlertTarget | None, str]:
         try:
@@ -107,10 +165,14 @@ class AlertIntake:
             return None, f"invalid alert: {one_line(exc)}"
         name = alert.labels.get("alertname", "")
         if name not in self.alertnames:
-            return None, f"ignored alertname: {name or '(none)'}"
+            return None, f"ignored alertname: {printable(name, 100) or '(none)'}"
         missing = [k for k in ("namespace", "pod") if not alert.labels.get(k)]
         if missing:
             return None, f"missing label: {', '.join(missing)}"
+        invalid = [k for k, form in (("namespace", _DNS_LABEL), ("pod", _DNS_SUBDOMAIN), ("container", _DNS_LABEL))
+                   if alert.labels.get(k) and not form.fullmatch(alert.labels[k])]
+        if invalid:
+            return None, f"invalid label: {', '.join(invalid)} is not a Kubernetes name"
         return AlertTarget(namespace=alert.labels["namespace"], pod=alert.labels["pod"],
                            container=alert.labels.get("container") or None,
                            firing=alert.status == "firing", received_at=received_at), ""

@@ -1,62 +1,159 @@
-"""Bounded background work for the webhook: a batch gets room for all its jobs or none."""
+"""Bounded background work for the webhook, folded per workload.
+
+Each alert becomes a `Work` with a workload key (a guess from the pod name, see alerts.py; the
+service resolves the real owner) and an identity (namespace, pod, container). Pending work is
+held in at most `queue_size` work items, one per workload key:
+
+- an alert for a workload that already has a pending item joins it; the same pod again replaces
+  its earlier alert (the latest status wins) and is counted as a duplicate;
+- a new workload gets an item of its own while there is room, otherwise it joins an existing
+  pending item (round-robin), so a batch never needs more room than there is;
+- only when `max_pending_alerts` distinct alerts are already waiting is a batch refused whole
+  (503, Alertmanager retries): the bot is then far behind and must say so.
+
+A 10,000-alert storm over 50 workloads is therefore at most 50 items and one handler call per
+distinct pod, never a 503.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
+OUTCOMES = ("queued", "folded", "duplicate")
 
 
-class BoundedExecutor:
-    """A thread pool with a bounded queue: submit_all() takes room for a whole batch or none."""
+@dataclass(frozen=True)
+class Work:
+    workload: str  # what alerts are folded by
+    identity: Hashable  # the same identity twice is the same work; the later one wins
+    target: Any
 
-    def __init__(self, workers: int, queue_size: int, name: str = "alert"):
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
-        self.slots = threading.BoundedSemaphore(workers + queue_size)
-        self.idle = threading.Condition()
-        self.pending = 0
 
-    def submit_all(self, jobs: list[Callable[[], Any]]) -> bool:
-        taken = 0
-        for _ in jobs:
-            if not self.slots.acquire(blocking=False):
-                for _ in range(taken):
-                    self.slots.release()
-                return False
-            taken += 1
-        with self.idle:
-            self.pending += len(jobs)
-        for job in jobs:
-            self.pool.submit(self._run, job)
-        return True
+@dataclass
+class Admission:
+    """What became of a batch's alerts: counts by outcome, and the new work items."""
 
-    def _run(self, job: Callable[[], Any]) -> None:
-        try:
-            job()
-        except Exception:
-            log.exception("background job failed")
-        finally:
-            self.slots.release()
-            with self.idle:
-                self.pending -= 1
-                self.idle.notify_all()
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    items: int = 0
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass
+class WorkItem:
+    handle: Callable[[Any], Any]
+    keys: set[str] = field(default_factory=set)
+    targets: dict[Hashable, Any] = field(default_factory=dict)
+
+    def run(self) -> None:
+        for target in self.targets.values():
+            try:
+                self.handle(target)
+            except Exception:
+                log.exception("alert work failed")
+
+
+class WorkQueue:
+    """Worker threads over at most `queue_size` pending work items (see the module docstring)."""
+
+    def __init__(self, workers: int, queue_size: int, max_pending_alerts: int = 100_000, name: str = "alert"):
+        self.capacity = max(1, queue_size)
+        self.max_pending_alerts = max_pending_alerts
+        self.queue: deque[WorkItem] = deque()
+        self.by_key: dict[str, WorkItem] = {}
+        self.pending_alerts = 0
+        self.running = 0
+        self._next_fold = 0
+        self._stopped = False
+        self._lock = threading.Condition()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(max(1, workers))]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, works: list[Work], handle: Callable[[Any], Any]) -> Admission | None:
+        """Take every alert of a batch, or none (None) when too many are waiting already."""
+        with self._lock:
+            if self.pending_alerts + len(works) > self.max_pending_alerts:
+                return None
+            admission = Admission()
+            for work in works:
+                item, outcome = self._item_for(work.workload, handle, admission)
+                if work.identity in item.targets:
+                    outcome = "duplicate"
+                    del item.targets[work.identity]  # re-inserted below, in arrival order
+                else:
+                    self.pending_alerts += 1
+                item.targets[work.identity] = work.target
+                admission.counts[outcome] += 1
+            self._lock.notify_all()
+            return admission
+
+    def _item_for(self, key: str, handle: Callable[[Any], Any], admission: Admission) -> tuple[WorkItem, str]:
+        item = self.by_key.get(key)
+        if item is not None and item.handle == handle:
+            return item, "folded"
+        if len(self.queue) < self.capacity:
+            item = WorkItem(handle)
+            self.queue.append(item)
+            admission.items += 1
+            outcome = "queued"
+        else:  # no room for another item: share one that is waiting
+            self._next_fold = (self._next_fold + 1) % len(self.queue)
+            item = self.queue[self._next_fold]
+            outcome = "folded"
+        item.keys.add(key)
+        self.by_key[key] = item
+        return item, outcome
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self.queue or self._stopped)
+                if self._stopped:
+                    return
+                item = self.queue.popleft()
+                for key in item.keys:
+                    if self.by_key.get(key) is item:
+                        del self.by_key[key]
+                self.pending_alerts -= len(item.targets)
+                self.running += 1
+            try:
+                item.run()
+            finally:
+                with self._lock:
+                    self.running -= 1
+                    self._lock.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        with self.idle:
-            return self.idle.wait_for(lambda: self.pending == 0, timeout)
+        with self._lock:
+            return self._lock.wait_for(lambda: not self.queue and not self.running, timeout)
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._stopped = True
+            self.queue.clear()
+            self.by_key.clear()
+            self._lock.notify_all()
 
 
 class InlineExecutor:
-    """Runs each job at once in the caller: the demo wants its output in order."""
+    """Runs each alert at once in the caller: the demo wants its output in order."""
 
-    def submit_all(self, jobs: list[Callable[[], Any]]) -> bool:
-        for job in jobs:
-            job()
-        return True
+    def submit(self, works: list[Work], handle: Callable[[Any], Any]) -> Admission:
+        admission = Admission()
+        seen: set[Hashable] = set()
+        for work in works:
+            outcome = "duplicate" if work.identity in seen else "queued"
+            seen.add(work.identity)
+            admission.counts[outcome] += 1
+            handle(work.target)
+        return admission

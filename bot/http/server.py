@@ -1,25 +1,32 @@
 """The HTTP side of `vllm-oncall serve`: /alerts (see alerts.py), /healthz, /readyz, /metrics,
-/slack/events (the Bolt app), the sweeper loop and readiness checks."""
+/slack/events (the Bolt app), the sweeper loop and readiness checks.
+
+The server is asyncio streams (stdlib) in one thread: a connection costs a socket, not a thread,
+so 500 slow clients cannot starve `/healthz`. Each request is read under the limits of
+wire.Limits (head deadline, body idle timeout, sizes, connection cap); only a complete request
+reaches a handler thread (a small pool). Every error answer is counted by reason."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlparse
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot.app.service import OncallService
 from bot.http.alerts import AlertIntake
-from bot.http.executor import BoundedExecutor
+from bot.http.executor import WorkQueue
+from bot.http.wire import Closed, Limits, Rejected, Request, printable, read_request, response_bytes
 
 log = logging.getLogger(__name__)
-MAX_BODY = 4 * 1024 * 1024
+MAX_BODY = Limits.max_body_bytes
+HANDLER_THREADS = 8
 
 
 # ---- readiness ----------------------------------------------------------------------------
@@ -67,14 +74,30 @@ class Readiness:
 # ---- the server ---------------------------------------------------------------------------
 
 
+class Response:
+    def __init__(self, status: int, body: bytes, content_type: str = "application/json",
+                 headers: dict[str, list[str]] | None = None):
+        self.status, self.body, self.content_type, self.headers = status, body, content_type, headers or {}
+
+    @classmethod
+    def json(cls, status: int, doc: dict[str, Any]) -> Response:
+        return cls(status, (json.dumps(doc) + "\n").encode())
+
+    @classmethod
+    def text(cls, status: int, text: str) -> Response:
+        return cls(status, text.encode(), "text/plain")
+
+
 class BotServer:
     def __init__(self, service: OncallService, *, alert_token: str | None = None,
                  alertnames: tuple[str, ...] | list[str] = ("KubePodCrashLooping",), workers: int = 4,
                  queue_size: int = 100, bolt_app: Any = None, readiness_checks: dict[str, Callable[[], Any]] | None = None,
-                 host: str = "127.0.0.1", port: int = 0, sweep_interval: float = 30):
+                 host: str = "127.0.0.1", port: int = 0, sweep_interval: float = 30, limits: Limits | None = None,
+                 max_pending_alerts: int = 100_000):
         self.service = service
         self.metrics = service.metrics
-        self.executor = BoundedExecutor(workers, queue_size)
+        self.limits = limits or Limits()
+        self.executor = WorkQueue(workers, queue_size, max_pending_alerts)
         # Rollout verification can take many minutes: keep it off the alert workers.
         self.followups = ThreadPoolExecutor(max_workers=2, thread_name_prefix="followup")
         service.run_later = self.followups.submit
@@ -82,23 +105,27 @@ class BotServer:
         self.bolt_app = bolt_app
         self.readiness = Readiness(readiness_checks or {})
         self.sweep_interval = sweep_interval
+        self.handlers = ThreadPoolExecutor(max_workers=HANDLER_THREADS, thread_name_prefix="http")
+        self.sock = socket.create_server((host, port), backlog=1024)
         self._stop = threading.Event()
-        self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
-        self.httpd.daemon_threads = True
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._open: set[asyncio.StreamWriter] = set()
         self._threads: list[threading.Thread] = []
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        host = host.decode() if isinstance(host, bytes) else host
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        host, port = self.sock.getsockname()[:2]
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '', '::') else host}:{port}"
 
     def start(self) -> BotServer:
-        for target, name in ((self.httpd.serve_forever, "http"), (self.readiness.loop, "readiness"),
+        for target, name in ((self._run_loop, "http"), (self.readiness.loop, "readiness"),
                              (self._sweep_loop, "sweeper")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self._ready.wait(10)
         log.info("listening on %s", self.url)
         return self
 
@@ -117,11 +144,17 @@ class BotServer:
         self._stop.set()
 
     def stop(self) -> None:
+        """Stop serving and release the port; safe on a server that was never started."""
         self._stop.set()
         self.readiness.stop()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self._loop is not None and self._loop_stop is not None:
+            self._loop.call_soon_threadsafe(self._loop_stop.set)
+            for thread in self._threads:
+                if thread.name == "http":
+                    thread.join(10)
+        self.sock.close()
         self.executor.shutdown()
+        self.handlers.shutdown(wait=False, cancel_futures=True)
         self.followups.shutdown(wait=False, cancel_futures=True)
 
     def _sweep_loop(self) -> None:
@@ -132,81 +165,135 @@ class BotServer:
             except Exception:
                 log.exception("sweep failed")
 
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        return type("Handler", (BotRequestHandler,), {"bot_server": self})
+    # ---- connections (in the event loop thread) ------------------------------------------
 
+    def _run_loop(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except Exception:
+            log.exception("the HTTP server stopped")
+        finally:
+            self._ready.set()
 
-class BotRequestHandler(BaseHTTPRequestHandler):
-    """One request. `bot_server` is set on a subclass per BotServer (see _handler_class)."""
+    async def _serve(self) -> None:
+        self._loop, self._loop_stop = asyncio.get_running_loop(), asyncio.Event()
+        server = await asyncio.start_server(self._connection, sock=self.sock, limit=self.limits.max_head_bytes)
+        self._ready.set()
+        async with server:
+            await self._loop_stop.wait()
+            server.close()
+            for writer in list(self._open):
+                writer.close()
 
-    bot_server: BotServer
-    protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes; with Nagle on, the second waits for the
-    # client's delayed ACK (~40 ms on Linux) on every response.
-    disable_nagle_algorithm = True
+    def _count(self, reason: str) -> None:
+        self.metrics.http_rejected.labels(reason).inc()
 
-    def log_message(self, fmt: str, *args: Any) -> None:
-        log.debug("%s " + fmt, self.address_string(), *args)
-
-    def _send(self, status: int, body: bytes, content_type: str = "application/json",
-              headers: dict[str, Any] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for key, values in (headers or {}).items():
-            for value in values if isinstance(values, (list, tuple)) else [values]:
-                self.send_header(key, str(value))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, doc: dict[str, Any]) -> None:
-        self._send(status, (json.dumps(doc) + "\n").encode())
-
-    def _body(self) -> bytes | None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._json(413, {"error": f"body larger than {MAX_BODY} bytes"})
-            return None
-        return self.rfile.read(length) if length else b""
-
-    def do_GET(self) -> None:
-        path = urlparse(self.path).path
-        if path == "/healthz":
-            self._send(200, b"ok\n", "text/plain")
-        elif path == "/readyz":
-            r = self.bot_server.readiness
-            if r.ready:
-                self._send(200, b"ready\n", "text/plain")
-            else:
-                waiting = ", ".join(f"{n} ({r.errors.get(n, 'not checked yet')})"
-                                    for n in r.checks if n not in r.passed)
-                self._send(503, f"not ready: waiting for {waiting}\n".encode(), "text/plain")
-        elif path == "/metrics":
-            self._send(200, generate_latest(self.bot_server.metrics.registry), CONTENT_TYPE_LATEST)
-        else:
-            self._json(404, {"error": f"no such path: {path}"})
-
-    def do_POST(self) -> None:
-        parsed = urlparse(self.path)
-        body = self._body()
-        if body is None:
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._open) >= self.limits.max_connections:
+            self._count("too_many_connections")
+            await self._write(writer, response_bytes(503, b'{"error": "too many connections"}\n', keep_alive=False))
+            writer.close()
             return
-        if parsed.path == "/alerts":
-            status, doc = self.bot_server.intake.receive(body, self.headers.get("Authorization"))
-            if status != 200:
-                log.warning("/alerts answered %d: %s", status, doc.get("error"))
-            self._json(status, doc)
-        elif parsed.path == "/slack/events" and self.bot_server.bolt_app is not None:
-            self._slack_events(body, parsed.query)
-        else:
-            self._json(404, {"error": f"no such path: {parsed.path}"})
+        self._open.add(writer)
+        try:
+            await self._requests(reader, writer)
+        except Exception:
+            log.exception("connection failed")
+        finally:
+            self._open.discard(writer)
+            writer.close()
 
-    def _slack_events(self, body: bytes, query: str) -> None:
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = True
+        while True:
+            try:
+                request = await read_request(reader, self.limits, first)
+            except Closed:
+                return
+            except Rejected as bad:
+                self._count(bad.reason)
+                log.info("HTTP %d (%s): %s", bad.status, bad.reason, printable(bad.message))
+                body = (json.dumps({"error": bad.message}) + "\n").encode()
+                await self._write(writer, response_bytes(bad.status, body, keep_alive=False))
+                return
+            first = False
+            response = await self._respond(request)
+            keep = request.keep_alive
+            data = response_bytes(response.status, response.body, response.content_type, keep, response.headers)
+            if not await self._write(writer, data) or not keep:
+                return
+
+    async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
+        try:
+            writer.write(data)
+            await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+            return True
+        except (TimeoutError, ConnectionError, RuntimeError):
+            return False
+
+    # ---- requests ------------------------------------------------------------------------
+
+    async def _respond(self, request: Request) -> Response:
+        route = (request.method, request.path)
+        if route == ("GET", "/healthz"):
+            return Response.text(200, "ok\n")
+        if route == ("GET", "/readyz"):
+            return self._readyz()
+        if route == ("GET", "/metrics"):
+            return await self._in_thread(self._metrics)
+        if route == ("POST", "/alerts"):
+            return await self._in_thread(self._alerts, request)
+        if route == ("POST", "/slack/events") and self.bolt_app is not None:
+            return await self._in_thread(self._slack_events, request)
+        if request.path in ("/healthz", "/readyz", "/metrics", "/alerts", "/slack/events"):
+            self._count("method_not_allowed")
+            return Response.json(405, {"error": f"{printable(request.method, 20)} not allowed here"})
+        self._count("not_found")
+        return Response.json(404, {"error": f"no such path: {printable(request.path, 100)}"})
+
+    async def _in_thread(self, handler: Callable[..., Response], *args: Any) -> Response:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.handlers, handler, *args)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._count("stopping")
+            return Response.json(503, {"error": "the server is stopping"})
+        except Exception as exc:
+            log.exception("request handler failed")
+            self._count("internal_error")
+            return Response.json(500, {"error": f"internal error: {type(exc).__name__}"})
+
+    def _readyz(self) -> Response:
+        r = self.readiness
+        if r.ready:
+            return Response.text(200, "ready\n")
+        waiting = ", ".join(f"{n} ({r.errors.get(n, 'not checked yet')})" for n in r.checks if n not in r.passed)
+        return Response.text(503, f"not ready: waiting for {waiting}\n")
+
+    def _metrics(self) -> Response:
+        return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+
+    def _alerts(self, request: Request) -> Response:
+        status, doc = self.intake.receive(request.body, request.headers.get("authorization"))
+        if status != 200:
+            log.warning("/alerts answered %d: %s", status, printable(doc.get("error")))
+        return Response.json(status, doc)
+
+    def _slack_events(self, request: Request) -> Response:
         from slack_bolt.request import BoltRequest
 
-        headers: dict[str, str | Sequence[str]] = {k.lower(): [v] for k, v in self.headers.items()}
-        response = self.bot_server.bolt_app.dispatch(BoltRequest(body=body.decode("utf-8"), query=query,
-                                                                 headers=headers))
-        content_type = (response.headers.get("content-type") or ["application/json"])[0]
-        extra = {k: v for k, v in response.headers.items() if k.lower() not in ("content-type", "content-length")}
-        self._send(response.status, (response.body or "").encode(), content_type, extra)
+        try:
+            text = request.body.decode("utf-8")
+        except UnicodeDecodeError:
+            self._count("invalid_utf8")
+            return Response.json(400, {"error": "the body is not valid UTF-8"})
+        headers: dict[str, str | Sequence[str]] = {k: [v] for k, v in request.headers.items()}
+        try:
+            bolt_request = BoltRequest(body=text, query=request.query, headers=headers)
+        except (ValueError, RecursionError) as exc:
+            self._count("bad_slack_body")
+            return Response.json(400, {"error": f"unreadable Slack request body: {type(exc).__name__}"})
+        answer = self.bolt_app.dispatch(bolt_request)
+        content_type = (answer.headers.get("content-type") or ["application/json"])[0]
+        extra = {k: list(v) for k, v in answer.headers.items() if k.lower() not in ("content-type", "content-length")}
+        return Response(answer.status, (answer.body or "").encode(), content_type, extra)
