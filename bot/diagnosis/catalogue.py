@@ -306,10 +306,12 @@ class CatalogueEntry(Frozen):
 
 
 def normalise(model_arg: str) -> str:
-    """Lower case, '_' and ' ' as '-', a Hub cache folder 'models--org--name' as 'org/name'."""
+    """Lower case, '_' and ' ' as '-', a Hub cache folder 'models--org--name' as 'org/name', and a
+    version spelled with a separator as a dot ('qwen2_5_14b' -> 'qwen2.5-14b', 'v0_3' -> 'v0.3')."""
     text = model_arg.strip().lower().replace("\\", "/")
     text = re.sub(r"models--([^/]+?)--([^/]+)", r"\1/\2", text)
-    return re.sub(r"[_\s]+", "-", text)
+    text = re.sub(r"[_\s]+", "-", text)
+    return re.sub(r"(?<![\d.])(\d)-(\d)(?=-|/|$)", r"\1.\2", text)
 
 
 def _entry(raw: Any, where: str) -> CatalogueEntry:

@@ -70,9 +70,9 @@ class GpuGrant(Frozen):
         return self.whole_card and not self.shared
 
     def describe(self) -> str:
-        """'1 of 8 x NVIDIA-H100-80GB-HBM3 (79.6 GiB)', '1 MIG 1g.10gb slice of NVIDIA-A100-SXM4-80GB (9.5 GiB)'."""
+        """'1 of 8 x NVIDIA-H100-80GB-HBM3 (79.65 GiB)', '1 MIG 1g.10gb slice of NVIDIA-A100-SXM4-80GB (9.5 GiB)'."""
         kind = self.product or (self.vendor.upper() + " GPU" if self.vendor else "GPU")
-        memory = f" ({self.memory_gib:.1f} GiB)" if self.memory_gib else ""
+        memory = f" ({self.memory_gib:.2f}".rstrip("0").rstrip(".") + " GiB)" if self.memory_gib else ""
         if self.mig_profile:
             of = f" of {self.on_node}" if self.on_node else ""
             text = f"{self.granted}{of} MIG {self.mig_profile} slice{'s' if self.granted != 1 else ''} of {kind}{memory}"
