@@ -26,8 +26,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bot.diagnosis.catalogue import DTYPE_BYTES, ModelSpec, QuantSpec, embedding_params_b, expert_params_b, \
-    quant_from_flag
+from bot.diagnosis.catalogue import (
+    DTYPE_BYTES,
+    ModelSpec,
+    QuantSpec,
+    embedding_params_b,
+    expert_params_b,
+    quant_from_flag,
+)
 from bot.diagnosis.gpus import GpuGrant
 
 GIB = 2**30
@@ -413,7 +419,7 @@ def _weights(b: Budget, config: Config) -> Figure | None:
         source = "log"
         if (quant, config.dtype) != (ran_quant, ran.dtype):
             ran_estimate = weights_total_gib(spec, ran_quant, ran.dtype) if spec is not None else None
-            if not estimate or not ran_estimate:
+            if spec is None or not estimate or not ran_estimate:
                 return None  # a storage change on an unknown model: no honest figure
             total *= estimate / ran_estimate
             detail += f", x {estimate / ran_estimate:.2f} for {quant.method if quant else config.dtype or spec.dtype}"
