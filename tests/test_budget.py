@@ -280,3 +280,14 @@ def test_unknown_capacity_is_not_judged_but_topology_still_is():
     fit = budget.baseline()
     assert fit.verdict == "fails" and fit.first_failure == "startup"
     assert build_budget(BudgetInputs(model=LLAMA_70B)).baseline().verdict == "unknown"
+
+
+def test_scheduling_counts_time_sliced_replicas_but_not_exclusive_cards_twice():
+    spec = match_model("Qwen/Qwen3-8B")
+    shared = H100.model_copy(update={"shared": True, "replicas": 4})  # 8 cards x 4 replicas = 32 allocatable
+    b = build_budget(BudgetInputs(gpus=shared, model=spec, ran=Config(gpu_count=20)))
+    assert next(c for c in b.baseline().checks if c.stage == "scheduling").ok
+    assert not next(c for c in b.fits(Config(gpu_count=40)).checks if c.stage == "scheduling").ok
+    exclusive = H100.model_copy(update={"replicas": 4})  # a stray replicas figure on an exclusive grant
+    b = build_budget(BudgetInputs(gpus=exclusive, model=spec, ran=Config(gpu_count=20)))
+    assert b.baseline().first_failure == "scheduling"

@@ -548,7 +548,7 @@ def _topology_checks(b: Budget, config: Config) -> list[StageCheck]:
     world, gpus = config.world_size, config.gpu_count or config.world_size
     checks: list[StageCheck] = []
     if grant is not None and grant.on_node is not None:
-        allocatable = grant.on_node * (grant.replicas or 1 if grant.shared else 1)
+        allocatable = grant.on_node * ((grant.replicas or 1) if grant.shared else 1)
         checks.append(StageCheck(stage="scheduling", ok=gpus <= allocatable,
                                  detail=f"the pod asks for {gpus} GPU(s); the node can allocate {allocatable}"))
     checks.append(StageCheck(stage="startup", ok=world <= gpus,
