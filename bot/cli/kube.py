@@ -190,7 +190,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     for line in drift:  # the file is not what the crashed pod ran: say so before changing it
-        print(f"vllm-oncall: warning: {manifest}: {line}; the change is made to the file's value", file=sys.stderr)
+        print(f"vllm-oncall: warning: {manifest}: {line}", file=sys.stderr)
     if not touched:
         print(f"{manifest}: already as proposed ({diagnosis.cause})")
         return 0

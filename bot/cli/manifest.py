@@ -76,7 +76,8 @@ def differences(workload: dict[str, Any], container: str | None, changes: list[C
         known, value = current_value(workload, container, change)
         if known and value != change.before:
             out.append(f"{change.kind} {change.name} is {_shown(value)} in the manifest but "
-                       f"{_shown(change.before)} in the crashed pod")
+                       f"{_shown(change.before)} in the crashed pod; the proposal sets it to "
+                       f"{_shown(change.after)}: check that still fits this file")
     return out
 
 

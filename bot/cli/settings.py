@@ -57,7 +57,10 @@ class SettingsError(ValueError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+        if len(problems) == 1:  # one problem, one line
+            super().__init__(f"invalid configuration: {problems[0]}")
+        else:
+            super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 class Settings(BaseModel):
