@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from kubeapi import kube_api  # noqa: F401  (fixture)
 from kubeapi.objects import container, crashing_deployment
 

@@ -29,7 +29,7 @@ def test_no_extra_folder_means_the_bundled_playbooks_unchanged():
 
 def test_same_id_replaces_and_is_logged_new_id_is_added(tmp_path, caplog):
     folder = custom_folder(tmp_path)
-    with caplog.at_level(logging.INFO, logger="bot.cli.books"):
+    with caplog.at_level(logging.INFO, logger="bot.diagnosis.playbooks"):
         books = load_books([folder])
     by_id = {b.id: b for b in books}
     assert len(books) == len(load_dir()) + 1

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from kubeapi import kube_api  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,7 +225,7 @@ def expanded(annotations: dict[str, str]) -> dict[str, str]:
     out = {}
     for key, text in annotations.items():
         for label, value in ALERT_LABELS.items():
-            text = text.replace("{{ $labels.%s }}" % label, value)
+            text = text.replace("{{ $labels." + label + " }}", value)
         out[key] = text
     return out
 

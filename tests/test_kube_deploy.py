@@ -3,13 +3,12 @@ incident custom resource the bot writes validates against the CRD's own schema."
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from test_rbac import DEPLOY, built_objects
 
 K8S_VERSION = "1.33"
@@ -85,7 +84,7 @@ def test_incident_objects_validate_against_the_crd_schema(objects):
     from bot.app.records import Incident
     from bot.kube.incidents import to_custom_object
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for state in ("proposed", "approved", "rolled-back", "resolved"):
         obj = to_custom_object(Incident(name="n", cluster="c", namespace="ns", workload="w",
                                        cause=None, state=state, first_seen=now, last_seen=now))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubeapi import kube_api  # noqa: F401  (fixture)
 
 from bot.cli.settings import SettingsError, load_settings
 from bot.diagnosis.playbooks import DEFAULT_DIR
-from kubeapi import kube_api  # noqa: F401  (fixture)
 
 GOOD = {"VLLM_ONCALL_CLUSTER": "prod-eu", "SLACK_BOT_TOKEN": "xoxb-1-2-abc", "SLACK_SIGNING_SECRET": "s",
         "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0AAA, U0BBB"}

@@ -1,19 +1,21 @@
 """Which playbooks a command uses: the bundled ones, with extra folders merged over them.
 
-Stand-in until bot.diagnosis.playbooks has its own merging loader (`load_playbooks(extra_dirs)`):
-replace `load_books` by it then. Same rules: an extra folder's playbook with a bundled id
-replaces the bundled one (logged), a new id is added; a folder that does not exist or a playbook
-that does not validate is a PlaybookError naming the file.
+The merging is bot.diagnosis.playbooks.load_playbooks (same id replaces, logged; a later folder
+wins). What this adds for the command line and the deployment: the folders come from
+--playbooks DIR (repeatable) or VLLM_ONCALL_PLAYBOOKS, no folder means exactly the bundled
+playbooks as before, and an existing folder without playbooks (deploy/'s ConfigMap mount, empty
+until you add one) adds nothing instead of failing. A folder that does not exist, or a playbook
+that does not validate, is a PlaybookError naming the file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
-from bot.diagnosis.playbooks import Playbook, PlaybookError, load_dir
+from bot.diagnosis.playbooks import Playbook, PlaybookError, load_playbooks
 
 log = logging.getLogger(__name__)
 PLAYBOOKS_VAR = "VLLM_ONCALL_PLAYBOOKS"
@@ -32,22 +34,13 @@ def load_books(extra: Iterable[Path]) -> list[Playbook] | None:
     extra = list(extra)
     if not extra:
         return None
-    merged = {book.id: book for book in load_dir()}
     for folder in extra:
-        for book in _load_extra(folder):
-            if book.id in merged:
-                log.info("playbook %s from %s replaces %s", book.id, book.source, merged[book.id].source)
-            merged[book.id] = book
-    return sorted(merged.values(), key=lambda b: -b.priority)  # as load_dir orders them
-
-
-def _load_extra(folder: Path) -> list[Playbook]:
-    if not folder.is_dir():
-        raise PlaybookError(f"{folder}: no playbooks folder")
-    if not any(folder.glob("*.yaml")):  # an empty ConfigMap mount: nothing to add
-        log.info("no *.yaml playbooks in %s; using the bundled ones", folder)
-        return []
-    return load_dir(folder)
+        if not folder.is_dir():
+            raise PlaybookError(f"{folder}: no playbooks folder")
+    with_books = [folder for folder in extra if any(folder.glob("*.yaml"))]
+    for folder in set(extra) - set(with_books):
+        log.info("no *.yaml playbooks in %s; nothing to add", folder)
+    return load_playbooks(with_books)
 
 
 def add_option(parser) -> None:

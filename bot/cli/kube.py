@@ -22,9 +22,9 @@ def _friendly(func):
     def run(args: argparse.Namespace) -> int:
         from kubernetes.config import ConfigException
 
+        from bot.app.ports import PodNotFound
         from bot.cli.access import ClusterAccessError
         from bot.kube.errors import KubeError  # every API failure, e.g. "Kubernetes API error 500: ..."
-        from bot.app.ports import PodNotFound
 
         try:
             return func(args)
@@ -213,7 +213,7 @@ def _cluster_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
     p.add_argument("--cluster", help="the cluster's name in messages (default: the context)")
 
 
-def register(sub: "argparse._SubParsersAction") -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     """Add the cluster subcommands to the `vllm-oncall` parser."""
     p = sub.add_parser("why", help="diagnose a crash-looping pod in the cluster (same report as diagnose)")
     p.add_argument("pod", help="pod, ns/pod, or a Deployment/StatefulSet name (its newest crashing pod)")

@@ -18,7 +18,7 @@ EXAMPLE_DIRS = (Path(__file__).resolve().parents[1] / "_bundled" / "examples" / 
 DEMO_APPROVER = "U0DEMOAPPROVER"
 
 
-def register(sub: "argparse._SubParsersAction") -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     """Add the serve/demo subcommands to the `vllm-oncall` parser."""
     serve = sub.add_parser("serve", help="run the Slack bot and the Alertmanager receiver",
                            description="Run the Slack bot (Socket Mode when SLACK_APP_TOKEN is set, else HTTP "
@@ -124,9 +124,9 @@ def _diagnoser(books):
 def _print_manifest_diff(bundle: Path, cluster_state: Path, out) -> None:
     """The patched workload against the bundle's, as `kubectl diff` would show it: without the
     fields the API server sets (status, uid, resourceVersion, ...)."""
-    from bot.cli.manifest import server_fields_removed, unified_diff
-
     import yaml
+
+    from bot.cli.manifest import server_fields_removed, unified_diff
 
     for patched in sorted(cluster_state.glob("*.yaml")):
         if patched.name == "events.yaml":

@@ -9,8 +9,9 @@ once and names the variable, so a broken deployment says everything that is wron
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -113,7 +114,7 @@ class Settings(BaseModel):
     @field_validator("approver_users")
     @classmethod
     def _user_ids(cls, v: list[str]) -> list[str]:
-        bad = [u for u in v if not u[:1] in ("U", "W")]
+        bad = [u for u in v if u[:1] not in ("U", "W")]
         if bad:
             raise ValueError(f"Slack user ids start with U or W, not {', '.join(bad)}")
         return v
@@ -135,7 +136,7 @@ class Settings(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _combinations(self) -> "Settings":
+    def _combinations(self) -> Settings:
         problems = []
         if not self.slack_app_token and not self.slack_signing_secret:
             problems.append(f"{ENV_VARS['slack_signing_secret']}: required when {ENV_VARS['slack_app_token']} "
