@@ -133,3 +133,9 @@ def test_proposals_only_mode_needs_no_approver_and_approve_mode_does():
         load_settings({**env, "VLLM_ONCALL_MODE": "approve"})
     with pytest.raises(SettingsError, match="VLLM_ONCALL_MODE: Input should be 'proposals-only' or 'approve'"):
         load_settings({**GOOD, "VLLM_ONCALL_MODE": "yolo"})
+
+
+def test_serve_check_names_a_missing_permission_in_one_line(kube_api, tmp_path):  # noqa: F811
+    kube_api.fail("list", "vllmincidents", 403)
+    err = one_line_error(run_check({**GOOD, "KUBECONFIG": write_kubeconfig(tmp_path / "kubeconfig", kube_api.url)}))
+    assert "the Kubernetes API refused the first calls" in err and "may not list vllmincidents" in err

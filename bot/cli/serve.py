@@ -219,13 +219,8 @@ def check_dependencies(settings) -> str:
 
 
 def _one_line_error(exc: Exception) -> str:
-    from kubernetes.client.exceptions import ApiException
-
-    if isinstance(exc, ApiException):
-        from bot.kube.api import status_message
-
-        return f"API error {exc.status}: {status_message(exc)}"
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+    """bot.kube's errors already say what failed ("forbidden: ... may not list vllmincidents")."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _cluster_and_store(settings, books, client=None):
