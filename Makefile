@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test eval bench alertmanager clean
+.PHONY: demo test eval bench tools alertmanager promtool wheel clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -15,14 +15,26 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/vllm-oncall demo
 
-# Alertmanager is a real process in the end-to-end tests (Debian's package).
+# Tools the tests run as real processes (Debian's packages): Alertmanager and amtool in the
+# end-to-end and deploy/ tests, promtool on the PrometheusRule.
+tools: alertmanager promtool
+
 alertmanager:
-	@command -v prometheus-alertmanager >/dev/null 2>&1 || { \
-	  echo "installing Debian's prometheus-alertmanager"; \
+	@command -v prometheus-alertmanager >/dev/null 2>&1 && command -v amtool >/dev/null 2>&1 || { \
+	  echo "installing Debian's prometheus-alertmanager (alertmanager, amtool)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager >/dev/null; }
 
-test: $(BIN)/.installed alertmanager
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "installing Debian's prometheus (promtool)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+test: $(BIN)/.installed tools
 	$(BIN)/python -m pytest
+
+# The wheel (with the playbooks and the demo incident inside) in dist/.
+wheel: $(BIN)/.installed
+	$(BIN)/pip wheel --quiet --no-deps --wheel-dir dist .
 
 eval: $(BIN)/.installed
 	$(BIN)/vllm-oncall eval ../shared/corpus
@@ -32,4 +44,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_alerts.py
 
 clean:
-	rm -rf $(VENV) .vllm-oncall benchmarks/out
+	rm -rf $(VENV) .vllm-oncall benchmarks/out build dist

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import make_node, make_pod, write_bundle
 
 V1_MAXLEN = ("(EngineCore_DP0 pid=61) ERROR 06-01 10:00:12 [core.py:708] ValueError: To serve at least one request with the "

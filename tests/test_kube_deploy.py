@@ -3,13 +3,12 @@ incident custom resource the bot writes validates against the CRD's own schema."
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from test_rbac import DEPLOY, built_objects
 
 K8S_VERSION = "1.33"
@@ -26,16 +25,18 @@ def by_kind(objects, kind):
 
 def test_every_object_validates_strictly(objects):
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "Role", "RoleBinding", "Deployment", "Service"])
+    assert kinds == sorted(["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
+                            "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "ConfigMap", "Deployment",
+                            "Service", "NetworkPolicy", "PodDisruptionBudget"])
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
 def test_namespaced_objects_land_in_the_bots_namespace_and_no_secret_is_shipped(objects):
-    assert not by_kind(objects, "Secret") and not by_kind(objects, "Namespace")
+    assert not by_kind(objects, "Secret")
+    assert [ns["metadata"]["name"] for ns in by_kind(objects, "Namespace")] == ["vllm-oncall"]
     for obj in objects:
-        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == "vllm-oncall"
 
 
@@ -46,7 +47,9 @@ def test_bot_deployment_two_replicas_service_account_and_secret_references(objec
     assert pod["serviceAccountName"] == "vllm-oncall"
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["SLACK_BOT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "vllm-oncall-slack"
-    assert all("value" not in env[n] for n in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"))
+    assert all("value" not in env[n] for n in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET",
+                                               "VLLM_ONCALL_ALERT_TOKEN"))
+    assert not env["VLLM_ONCALL_ALERT_TOKEN"]["valueFrom"]["secretKeyRef"].get("optional")  # the token is required
     (svc,) = by_kind(objects, "Service")
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
@@ -81,7 +84,7 @@ def test_incident_objects_validate_against_the_crd_schema(objects):
     from bot.app.records import Incident
     from bot.kube.incidents import to_custom_object
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for state in ("proposed", "approved", "rolled-back", "resolved"):
         obj = to_custom_object(Incident(name="n", cluster="c", namespace="ns", workload="w",
                                        cause=None, state=state, first_seen=now, last_seen=now))
@@ -96,10 +99,16 @@ def test_alertmanager_receiver_example_points_at_the_bot():
     assert hook["url"] == "http://vllm-oncall.vllm-oncall.svc:8080/alerts" and hook["send_resolved"] is True
     assert hook["http_config"]["authorization"]["type"] == "Bearer"
     route = config["route"]["routes"][0]
-    assert route["receiver"] == "vllm-oncall" and 'alertname = "KubePodCrashLooping"' in route["matchers"]
+    assert route["receiver"] == "vllm-oncall"
+    assert route["matchers"] == ['alertname =~ "KubePodCrashLooping|VLLMCrashLooping|VLLMOOMKilled"']
 
 
 def test_slack_secret_example_is_a_valid_secret_with_placeholders_only():
     secret = yaml.safe_load((DEPLOY / "slack-secret.example.yaml").read_text())
     kubernetes_validate.validate(secret, K8S_VERSION, strict=True)
     assert all("REPLACE-ME" in v for v in secret["stringData"].values())
+    # every key the Deployment requires is in the example
+    dep = yaml.safe_load((DEPLOY / "base" / "deployment.yaml").read_text())
+    required = {e["valueFrom"]["secretKeyRef"]["key"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
+                if "secretKeyRef" in e.get("valueFrom", {}) and not e["valueFrom"]["secretKeyRef"].get("optional")}
+    assert required == {"bot-token", "channel", "alert-token"} and required <= set(secret["stringData"])

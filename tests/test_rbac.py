@@ -30,10 +30,16 @@ def built_objects() -> list[dict]:
     if shutil.which("kubectl"):
         out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, check=True)
         return [d for d in yaml.safe_load_all(out.stdout) if d]
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    return _resources(DEPLOY)
+
+
+def _resources(folder: Path) -> list[dict]:
+    """The plain resources of a kustomization, following folders (no generators, no patches)."""
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
     docs = []
-    for name in kustomization["resources"]:
-        docs += [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+    for name in kustomization.get("resources", []):
+        path = folder / name
+        docs += _resources(path) if path.is_dir() else [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
+from kubeapi import kube_api  # noqa: F401  (fixture)
 
 from bot.cli.settings import SettingsError, load_settings
+from bot.diagnosis.playbooks import DEFAULT_DIR
 
 GOOD = {"VLLM_ONCALL_CLUSTER": "prod-eu", "SLACK_BOT_TOKEN": "xoxb-1-2-abc", "SLACK_SIGNING_SECRET": "s",
         "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0AAA, U0BBB"}
@@ -54,13 +60,82 @@ def test_file_then_environment(tmp_path):
         load_settings(GOOD, f)
 
 
-def run_check(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bot.cli", "serve", "--check"], env={"PATH": "/usr/bin", **env},
-                          capture_output=True, text=True, timeout=60)
+def run_check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bot.cli", "serve", "--check", *args],
+                          env={"PATH": "/usr/bin", **env}, capture_output=True, text=True, timeout=60)
 
 
-def test_serve_check_ok_and_failing():
-    ok = run_check(GOOD)
+def write_kubeconfig(path: Path, server: str) -> str:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+        "clusters": [{"name": "stand-in", "cluster": {"server": server}}],
+        "users": [{"name": "bot", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "bot"}}]}))
+    return str(path)
+
+
+def test_serve_check_ok_and_failing(kube_api, tmp_path):  # noqa: F811
+    ok = run_check({**GOOD, "KUBECONFIG": write_kubeconfig(tmp_path / "kubeconfig", kube_api.url)})
     assert ok.returncode == 0 and "configuration OK: cluster prod-eu" in ok.stdout
+    assert "playbooks OK: " in ok.stdout and "kubernetes OK" in ok.stdout
     bad = run_check({"SLACK_BOT_TOKEN": "xoxb-1"})
     assert bad.returncode == 2 and "VLLM_ONCALL_CLUSTER: required, not set" in bad.stderr
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    return result.stderr
+
+
+def test_serve_check_without_a_cluster_says_so_in_one_line(tmp_path):
+    err = one_line_error(run_check({**GOOD, "KUBECONFIG": str(tmp_path / "none")}))
+    assert "no Kubernetes access: not running in a pod" in err
+
+
+def test_serve_check_with_an_unreachable_server_says_so_in_one_line(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    err = one_line_error(run_check({**GOOD, "KUBECONFIG": write_kubeconfig(tmp_path / "k", f"https://127.0.0.1:{port}")}))
+    assert f"cannot reach the Kubernetes API server at https://127.0.0.1:{port}" in err
+
+
+def test_serve_check_loads_extra_playbooks_and_fails_on_a_typo(kube_api, tmp_path):  # noqa: F811
+    env = {**GOOD, "KUBECONFIG": write_kubeconfig(tmp_path / "kubeconfig", kube_api.url)}
+    books = tmp_path / "books"
+    books.mkdir()
+    shutil.copy(DEFAULT_DIR / "shm-too-small.yaml", books)
+    ok = run_check({**env, "VLLM_ONCALL_PLAYBOOKS": str(books)})
+    assert ok.returncode == 0 and f"playbooks OK: {len(list(DEFAULT_DIR.glob('*.yaml')))} ({books})" in ok.stdout
+    (books / "shm-too-small.yaml").write_text((books / "shm-too-small.yaml").read_text().replace("title:", "titel:"))
+    typo = run_check(env, "--playbooks", str(books))  # one line per problem found in the file
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr
+    assert "shm-too-small.yaml: field `titel`: unknown field" in typo.stderr
+    assert "no playbooks folder" in one_line_error(run_check({**env, "VLLM_ONCALL_PLAYBOOKS": str(tmp_path / "typo")}))
+
+
+def test_config_keys_are_the_variables_in_lower_case_or_the_setting_names(tmp_path):
+    f = tmp_path / "oncall.yaml"
+    f.write_text("vllm_oncall_cluster: from-file\nslack_bot_token: xoxb-1\nslack_signing_secret: s\n"
+                 "VLLM_ONCALL_SLACK_CHANNEL: C0ALERTS\napprover_users: [U0A]\nvllm_oncall_playbooks: [/a, /b]\n")
+    s = load_settings({}, f)
+    assert s.cluster_name == "from-file" and s.slack_channel == "C0ALERTS" and s.playbooks == [Path("/a"), Path("/b")]
+    f.write_text(f.read_text() + "cluster_name: twice\n")
+    with pytest.raises(SettingsError, match="'cluster_name' sets cluster_name a second time"):
+        load_settings({}, f)
+
+
+def test_proposals_only_mode_needs_no_approver_and_approve_mode_does():
+    env = {k: v for k, v in GOOD.items() if k != "VLLM_ONCALL_APPROVERS"}
+    assert load_settings({**env, "VLLM_ONCALL_MODE": "proposals-only"}).mode == "proposals-only"
+    with pytest.raises(SettingsError, match="set at least one approver"):
+        load_settings({**env, "VLLM_ONCALL_MODE": "approve"})
+    with pytest.raises(SettingsError, match="VLLM_ONCALL_MODE: Input should be 'proposals-only' or 'approve'"):
+        load_settings({**GOOD, "VLLM_ONCALL_MODE": "yolo"})
+
+
+def test_serve_check_names_a_missing_permission_in_one_line(kube_api, tmp_path):  # noqa: F811
+    kube_api.fail("list", "vllmincidents", 403)
+    err = one_line_error(run_check({**GOOD, "KUBECONFIG": write_kubeconfig(tmp_path / "kubeconfig", kube_api.url)}))
+    assert "the Kubernetes API refused the first calls" in err and "may not list vllmincidents" in err

@@ -13,7 +13,7 @@ from bot.app.records import Incident
 from bot.app.state import TRANSITIONS, IllegalTransition, IncidentState, can_move, check_opening
 
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
-CRD = Path(__file__).resolve().parents[1] / "deploy" / "crd-vllmincidents.yaml"
+CRD = Path(__file__).resolve().parents[1] / "deploy" / "base" / "crd-vllmincidents.yaml"
 ALLOWED = [(a, b) for a, targets in TRANSITIONS.items() for b in sorted(targets)]
 REFUSED = [(a, b) for a in IncidentState for b in IncidentState if b not in TRANSITIONS[a]]
 

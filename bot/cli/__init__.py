@@ -11,25 +11,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
+from bot.cli import books as cli_books
 from bot.cli import kube as cli_kube
 from bot.cli import serve as cli_serve
 from bot.diagnosis.models import BundleError
 from bot.diagnosis.playbooks import PlaybookError
 
+DEBUG_VAR = "VLLM_ONCALL_DEBUG"  # set to 1 to see the traceback of an unexpected error
+
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from bot.diagnosis.diagnose import diagnose
     from bot.diagnosis.evidence import load_bundle, load_log
-    from bot.diagnosis.playbooks import load_dir
     from bot.diagnosis.render import render_text
 
     if not args.bundle and not args.log:
         raise BundleError("give an evidence bundle folder, or --log FILE")
+    books = cli_books.books_for(args)
     evidence = load_log(args.log) if args.log else load_bundle(args.bundle)
-    books = load_dir(args.playbooks) if args.playbooks else None
     result = diagnose(evidence, books)
     if args.format == "json":
         print(json.dumps(result.to_public_json(), indent=2))
@@ -44,7 +47,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     corpus = Path(args.corpus)
     if not corpus.is_dir():
         raise BundleError(f"{corpus}: no such corpus folder")
-    results, summary = evaluate(corpus)
+    results, summary = evaluate(corpus, cli_books.books_for(args))
     if args.format == "json":
         print(json.dumps({"cases": [r.model_dump() for r in results], "summary": summary}, indent=2))
     else:
@@ -57,7 +60,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_playbooks(args: argparse.Namespace) -> int:
     from bot.diagnosis.playbooks import load_dir
 
-    for book in load_dir(args.playbooks):
+    for book in cli_books.books_for(args) or load_dir():
         changes = sorted({f"{k} {n}" for k, n in book.allowed()})
         print(f"{book.id:<30} {book.summary}  [{', '.join(changes)}]")
     return 0
@@ -71,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle", nargs="?", help="folder with previous.log and optional pod.yaml, node.yaml, events.yaml")
     p.add_argument("--log", help="a log file alone")
     p.add_argument("--format", choices=["text", "json"], default="text")
-    p.add_argument("--playbooks", help="playbooks folder (default: the bundled playbooks/)")
+    cli_books.add_option(p)
     p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("eval", help="score the diagnoser on a folder of labelled bundles")
@@ -79,10 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--min-right", type=int, help="exit 1 when fewer causes are right")
     p.add_argument("--strict", action="store_true", help="exit 1 on any wrong confident fix")
+    cli_books.add_option(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("playbooks", help="list the causes and what each may change")
-    p.add_argument("--playbooks", help="playbooks folder")
+    cli_books.add_option(p)
     p.set_defaults(func=cmd_playbooks)
 
     cli_kube.register(sub)
@@ -103,4 +107,24 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `vllm-oncall diagnose ... | head`
         sys.stderr.close()
         return 0
+    except OSError as exc:  # an input file that cannot be read, a folder that cannot be written
+        print(f"vllm-oncall: {one_line_os_error(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if os.environ.get(DEBUG_VAR):
+            raise
+        print(f"vllm-oncall: unexpected error: {type(exc).__name__}: {one_line(str(exc))} "
+              f"(set {DEBUG_VAR}=1 to see where)", file=sys.stderr)
+        return 1
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def one_line_os_error(exc: OSError) -> str:
+    """`PATH: No such file or directory`, not Python's `[Errno 2] ...: 'PATH'`."""
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return one_line(str(exc))
 

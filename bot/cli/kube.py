@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from bot.cli import books as cli_books
 from bot.diagnosis.render import command_line
 
 
@@ -21,12 +22,13 @@ def _friendly(func):
     def run(args: argparse.Namespace) -> int:
         from kubernetes.config import ConfigException
 
-        from bot.kube.errors import KubeError  # every API failure, e.g. "Kubernetes API error 500: ..."
         from bot.app.ports import PodNotFound
+        from bot.cli.access import ClusterAccessError
+        from bot.kube.errors import KubeError  # every API failure, e.g. "Kubernetes API error 500: ..."
 
         try:
             return func(args)
-        except (PodNotFound, KubeError, ConfigException) as exc:
+        except (PodNotFound, KubeError, ConfigException, ClusterAccessError) as exc:
             print(f"vllm-oncall: {exc}", file=sys.stderr)
             return 2
 
@@ -35,16 +37,20 @@ def _friendly(func):
 
 
 def _cluster(args: argparse.Namespace):
+    from bot.cli.access import api_client, check_reachable
+    from bot.kube.api import KubeApi
     from bot.kube.live import LiveCluster
 
-    return LiveCluster.from_environment(name=args.cluster or args.context or "default", context=args.context,
-                                        kubeconfig=args.kubeconfig)
+    client = api_client(args.context, args.kubeconfig)
+    check_reachable(client)
+    return LiveCluster(KubeApi(client), name=args.cluster or args.context or "default",
+                       playbooks=cli_books.books_for(args))
 
 
-def _diagnose(evidence):
+def _diagnose(evidence, args: argparse.Namespace):
     from bot.diagnosis.diagnose import diagnose
 
-    return diagnose(evidence)
+    return diagnose(evidence, cli_books.books_for(args))
 
 
 def _print_report(diagnosis, fmt: str) -> None:
@@ -76,7 +82,7 @@ def _collect(args: argparse.Namespace):
 @_friendly
 def cmd_why(args: argparse.Namespace) -> int:
     cluster, evidence = _collect(args)
-    diagnosis = _diagnose(evidence)
+    diagnosis = _diagnose(evidence, args)
     _print_report(diagnosis, args.format)
     if args.format == "text":
         workload = cluster.workload_for(evidence)
@@ -107,7 +113,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 @_friendly
 def cmd_apply(args: argparse.Namespace) -> int:
     cluster, evidence = _collect(args)
-    diagnosis = _diagnose(evidence)
+    diagnosis = _diagnose(evidence, args)
     proposal = cluster.propose(diagnosis, evidence)
     if proposal is None:
         print(f"Nothing to apply: {diagnosis.cause or 'no known cause'} - {diagnosis.title}")
@@ -127,7 +133,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if not proposal.dry_run_ok:
         return 1
     if not args.yes:
-        answer = input(f"Patch {ref.kind} {ref.namespace}/{ref.name}? [y/N] ").strip().lower()
+        if not sys.stdin.isatty():  # a script or a pipe: nobody to answer, so never guess
+            print(f"vllm-oncall: not applied: stdin is not a terminal, so nobody can confirm; "
+                  f"pass --yes to patch {ref.kind} {ref.namespace}/{ref.name} without asking", file=sys.stderr)
+            return 2
+        try:
+            answer = input(f"Patch {ref.kind} {ref.namespace}/{ref.name}? [y/N] ").strip().lower()
+        except EOFError:
+            answer = ""
         if answer not in ("y", "yes"):
             print("Not applied.")
             return 1
@@ -156,17 +169,28 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
-    from bot.remedy.changes import rewrite_manifest
+    from bot.cli.manifest import ManifestError, differences, workload_document
     from bot.diagnosis.evidence import load_bundle
+    from bot.remedy.changes import ChangeError, rewrite_manifest
 
+    manifest = Path(args.manifest)
+    text = manifest.read_text(encoding="utf-8")  # a missing file: one line from main()
     evidence = load_bundle(args.bundle)
-    diagnosis = _diagnose(evidence)
+    diagnosis = _diagnose(evidence, args)
     if diagnosis.cause is None or not diagnosis.changes:
         print(f"Nothing to change: {diagnosis.cause or 'no known cause'} - {diagnosis.title}")
         return 1
-    manifest = Path(args.manifest)
-    text = manifest.read_text(encoding="utf-8")
-    new_text, touched = rewrite_manifest(text, diagnosis.changes, args.container or evidence.container)
+    container = args.container or evidence.container
+    try:
+        workload = workload_document(manifest, text)
+        drift = differences(workload, container, diagnosis.changes)
+        new_text, touched = rewrite_manifest(text, diagnosis.changes, container)
+    except (ManifestError, ChangeError) as exc:
+        print(f"vllm-oncall: {exc}" if isinstance(exc, ManifestError) else f"vllm-oncall: {manifest}: {exc}",
+              file=sys.stderr)
+        return 2
+    for line in drift:  # the file is not what the crashed pod ran: say so before changing it
+        print(f"vllm-oncall: warning: {manifest}: {line}", file=sys.stderr)
     if not touched:
         print(f"{manifest}: already as proposed ({diagnosis.cause})")
         return 0
@@ -189,13 +213,14 @@ def _cluster_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
     p.add_argument("--cluster", help="the cluster's name in messages (default: the context)")
 
 
-def register(sub: "argparse._SubParsersAction") -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     """Add the cluster subcommands to the `vllm-oncall` parser."""
     p = sub.add_parser("why", help="diagnose a crash-looping pod in the cluster (same report as diagnose)")
     p.add_argument("pod", help="pod, ns/pod, or a Deployment/StatefulSet name (its newest crashing pod)")
     p.add_argument("-c", "--container")
     p.add_argument("--format", choices=["text", "json"], default="text")
     _cluster_options(p)
+    cli_books.add_option(p)
     p.set_defaults(func=cmd_why)
 
     p = sub.add_parser("collect", help="write a pod's evidence bundle (logs, pod, node, events, workload)")
@@ -213,6 +238,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--verify", action="store_true", help="follow the rollout after patching")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the new pod (default 1800)")
     _cluster_options(p)
+    cli_books.add_option(p)
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser("rollback", help="restore what the last vllm-oncall change replaced")
@@ -226,4 +252,5 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--manifest", required=True, help="YAML file to rewrite in place (comments and layout kept)")
     p.add_argument("-c", "--container")
     p.add_argument("--dry-run", action="store_true", help="print the new manifest instead of writing it")
+    cli_books.add_option(p)
     p.set_defaults(func=cmd_fix)

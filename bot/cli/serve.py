@@ -10,12 +10,15 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_DIRS = (REPO_ROOT / "examples" / "incident", Path(__file__).resolve().parents[1] / "examples" / "incident")
+from bot.cli.books import add_option as add_playbooks_option
+
+# The demo incident: inside an installed wheel (setup.py copies it to bot/_bundled/), else in the checkout.
+EXAMPLE_DIRS = (Path(__file__).resolve().parents[1] / "_bundled" / "examples" / "incident",
+                Path(__file__).resolve().parents[2] / "examples" / "incident")
 DEMO_APPROVER = "U0DEMOAPPROVER"
 
 
-def register(sub: "argparse._SubParsersAction") -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     """Add the serve/demo subcommands to the `vllm-oncall` parser."""
     serve = sub.add_parser("serve", help="run the Slack bot and the Alertmanager receiver",
                            description="Run the Slack bot (Socket Mode when SLACK_APP_TOKEN is set, else HTTP "
@@ -24,6 +27,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     serve.add_argument("--config", metavar="FILE", help="YAML file with settings (environment variables win)")
     serve.add_argument("--check", action="store_true", help="validate the configuration and exit")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_playbooks_option(serve)
     serve.set_defaults(func=run_serve)
 
     demo = sub.add_parser("demo", help="run the whole pipeline on the bundled example incident, no Slack or "
@@ -33,7 +37,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     demo.add_argument("--approve", action="store_true", help="also click Approve and show the apply path")
     demo.add_argument("--example", metavar="DIR", help="an example folder with alert.json and bundle/")
     demo.add_argument("--state-dir", metavar="DIR", help="where incidents and the patched manifest are kept "
-                                                         "(default: a fresh temporary folder)")
+                                                         "(default: a fresh temporary folder, removed after)")
+    add_playbooks_option(demo)
     demo.set_defaults(func=run_demo)
 
 
@@ -50,12 +55,7 @@ def _example_dir(given: str | None) -> Path:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from bot.local.store import FolderIncidentStore
-    from bot.local.cluster import LocalCluster
-    from bot.http.alerts import AlertIntake
-    from bot.http.executor import InlineExecutor
-    from bot.app.service import OncallService, Policy
-    from bot.slack.terminal import TerminalChat
+    from bot.cli.books import books_for
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -63,12 +63,29 @@ def run_demo(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"vllm-oncall demo: {exc}", file=sys.stderr)
         return 2
-    state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="vllm-oncall-demo-"))
+    books = books_for(args)
+    if args.state_dir:
+        return _demo(example, Path(args.state_dir), args.approve, books, keep=True)
+    # A fresh temporary folder per run, removed afterwards: the demo leaves nothing behind.
+    with tempfile.TemporaryDirectory(prefix="vllm-oncall-demo-") as state:
+        return _demo(example, Path(state), args.approve, books, keep=False)
+
+
+def _demo(example: Path, state: Path, approve: bool, books, keep: bool) -> int:
+    from bot.app.service import OncallService, Policy
+    from bot.http.alerts import AlertIntake
+    from bot.http.executor import InlineExecutor
+    from bot.local.cluster import LocalCluster
+    from bot.local.store import FolderIncidentStore
+    from bot.slack.terminal import TerminalChat
+
     out = sys.stdout
-    cluster = LocalCluster(example / "bundle", state / "cluster", name="demo-cluster")
+    cluster = LocalCluster(example / "bundle", state / "cluster", name="demo-cluster", playbooks=books)
     store = FolderIncidentStore(state / "incidents")
     chat = TerminalChat(out, channel="#vllm-oncall")
-    service = OncallService(cluster, store, chat, Policy(approver_users=frozenset({DEMO_APPROVER})))
+    diagnose = _diagnoser(books)
+    service = OncallService(cluster, store, chat, Policy(approver_users=frozenset({DEMO_APPROVER})),
+                            **({"diagnose": diagnose} if diagnose else {}))
     intake = AlertIntake(service, InlineExecutor())  # inline: the output appears in order
 
     out.write(f"Alertmanager -> POST /alerts with {example / 'alert.json'}\n")
@@ -81,43 +98,74 @@ def run_demo(args: argparse.Namespace) -> int:
         out.write("no incident was opened (see the messages above)\n")
         return 1
     incident = incidents[0]
-    if args.approve:
+    if approve:
         if incident.state != "proposed":
             out.write(f"\nnothing to approve: the incident is {incident.state}\n")
         else:
             out.write(f"\n<@{DEMO_APPROVER}> clicks Approve and confirms\n")
             service.approve(incident.name, DEMO_APPROVER)
-    out.write(f"\nIncident {incident.name}: {store.get(incident.name).state}. State kept in {state}\n")
-    if not args.approve and incident.state == "proposed":
+            _print_manifest_diff(example / "bundle", state / "cluster", out)
+    kept = f"State kept in {state}" if keep else "Temporary state removed (--state-dir DIR keeps it)"
+    out.write(f"\nIncident {incident.name}: {store.get(incident.name).state}. {kept}\n")
+    if not approve and incident.state == "proposed":
         out.write("Run `vllm-oncall demo --approve` to see the apply path.\n")
     return 0
+
+
+def _diagnoser(books):
+    """The core's diagnose with the given playbooks; None keeps the service's default."""
+    if books is None:
+        return None
+    from bot.diagnosis.diagnose import diagnose
+
+    return lambda evidence: diagnose(evidence, books)
+
+
+def _print_manifest_diff(bundle: Path, cluster_state: Path, out) -> None:
+    """The patched workload against the bundle's, as `kubectl diff` would show it: without the
+    fields the API server sets (status, uid, resourceVersion, ...)."""
+    import yaml
+
+    from bot.cli.manifest import server_fields_removed, unified_diff
+
+    for patched in sorted(cluster_state.glob("*.yaml")):
+        if patched.name == "events.yaml":
+            continue
+        kind = str((yaml.safe_load(patched.read_text(encoding="utf-8")) or {}).get("kind", ""))
+        original = bundle / f"{kind.lower()}.yaml"  # the bundle's deployment.yaml / statefulset.yaml
+        if not original.is_file():
+            continue
+        before = server_fields_removed(original.read_text(encoding="utf-8"))
+        after = server_fields_removed(patched.read_text(encoding="utf-8"))
+        out.write(f"\nThe patched manifest ({original.name}, server-set fields left out):\n")
+        out.write(unified_diff(before, after, f"a/{original.name}", f"b/{original.name}"))
 
 
 # ---- serve --------------------------------------------------------------------------------
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from bot.cli.access import ClusterAccessError
     from bot.cli.settings import SettingsError, load_settings
+    from bot.diagnosis.playbooks import PlaybookError
 
     logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        settings = load_settings(config_file=args.config)
+        settings = load_settings(config_file=args.config, overrides=_overrides(args))
     except SettingsError as exc:
         print(f"vllm-oncall serve: {exc}", file=sys.stderr)
         return 2
-    mode = "Socket Mode" if settings.slack_app_token else f"HTTP (POST /slack/events on {settings.listen})"
-    store_desc = (f"vllmincidents in namespace {settings.incident_namespace_or_default()}"
-                  if settings.store == "kube" else f"folder {settings.state_dir / 'incidents'}")
-    summary = (f"cluster {settings.cluster_name}; Slack via {mode}, channel {settings.slack_channel}; "
-               f"incidents: {store_desc}; approvers: {', '.join(settings.approver_users + settings.approver_groups)}; "
-               f"alerts: {', '.join(settings.alertnames)} on {settings.listen}/alerts"
-               f"{' (bearer token required)' if settings.alert_token else ''}")
-    if args.check:
-        print(f"configuration OK: {summary}")
-        return 0
-    server, socket_handler = build_server(settings)
-    logging.getLogger(__name__).info("starting: %s", summary)
+    try:
+        if args.check:  # everything first, so "OK" is never printed for a bot that cannot work
+            checked = check_dependencies(settings)
+            print(f"configuration OK: {_summary(settings)}\n{checked}")
+            return 0
+        server, socket_handler = build_server(settings)
+    except (ClusterAccessError, PlaybookError, CheckFailed) as exc:
+        print(f"vllm-oncall serve: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger(__name__).info("starting: %s", _summary(settings))
     # Kubernetes stops pods with SIGTERM: finish cleanly (the incidents are in the store anyway).
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     if socket_handler is not None:
@@ -128,16 +176,103 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overrides(args: argparse.Namespace) -> dict:
+    """Command-line options that are settings too (they win over the environment)."""
+    return {"playbooks": args.playbooks} if args.playbooks else {}
+
+
+def _summary(settings) -> str:
+    mode = "Socket Mode" if settings.slack_app_token else f"HTTP (POST /slack/events on {settings.listen})"
+    store_desc = (f"vllmincidents in namespace {settings.incident_namespace_or_default()}"
+                  if settings.store == "kube" else f"folder {settings.state_dir / 'incidents'}")
+    approvers = ", ".join(settings.approver_users + settings.approver_groups) or "none"
+    return (f"cluster {settings.cluster_name}; mode {settings.mode}; Slack via {mode}, channel "
+            f"{settings.slack_channel}; incidents: {store_desc}; approvers: {approvers}; "
+            f"alerts: {', '.join(settings.alertnames)} on {settings.listen}/alerts"
+            f"{' (bearer token required)' if settings.alert_token else ''}")
+
+
+class CheckFailed(RuntimeError):
+    """`serve --check`: the configuration is valid but something it names does not work."""
+
+
+def check_dependencies(settings) -> str:
+    """What `serve --check` checks past the settings: the playbooks load (bundled plus extra folders)
+    and the cluster answers the calls the bot makes first. Slack is not called: /readyz does that."""
+    from bot.cli.books import load_books
+    from bot.diagnosis.playbooks import load_dir
+
+    books = load_books(settings.playbooks) or load_dir()
+    lines = [f"playbooks OK: {len(books)} ({', '.join(str(p) for p in settings.playbooks) or 'bundled only'})"]
+    if settings.store == "kube" or settings.cluster_source == "kube":
+        from bot.cli.access import api_client, check_reachable
+
+        client = api_client(settings.kube_context)
+        check_reachable(client)
+        cluster, store = _cluster_and_store(settings, books, client)
+        try:
+            kubernetes_answers(settings, cluster, store)
+        except Exception as exc:  # one line whatever the client raised; the class names the kind
+            raise CheckFailed(f"the Kubernetes API refused the first calls: {_one_line_error(exc)}") from None
+        lines.append("kubernetes OK: the API server answers and the bot may read what it needs")
+    return "\n".join(lines)
+
+
+def _one_line_error(exc: Exception) -> str:
+    """bot.kube's errors already say what failed ("forbidden: ... may not list vllmincidents")."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _cluster_and_store(settings, books, client=None):
+    """The ClusterPort and IncidentStore the settings name (one API client for both)."""
+    from bot.local.store import FolderIncidentStore
+
+    if client is None and (settings.cluster_source == "kube" or settings.store == "kube"):
+        from bot.cli.access import api_client
+
+        client = api_client(settings.kube_context)
+    if settings.cluster_source == "local":
+        from bot.local.cluster import LocalCluster
+
+        cluster = LocalCluster(settings.bundle_dir, settings.state_dir / "cluster", name=settings.cluster_name,
+                               playbooks=books)
+    else:
+        from bot.kube.api import KubeApi
+        from bot.kube.live import LiveCluster
+
+        cluster = LiveCluster(KubeApi(client), name=settings.cluster_name, playbooks=books)
+    if settings.store == "kube":
+        from bot.kube.api import KubeApi
+        from bot.kube.incidents import KubeIncidentStore
+
+        store = KubeIncidentStore(KubeApi(client), settings.incident_namespace_or_default())
+    else:
+        store = FolderIncidentStore(settings.state_dir / "incidents")
+    return cluster, store
+
+
+def kubernetes_answers(settings, cluster, store) -> None:
+    """For /readyz and `serve --check`: any answer from the API server will do; "no such pod" is one."""
+    from bot.app.ports import PodNotFound
+
+    if settings.store == "kube":
+        store.list(cluster=settings.cluster_name)
+    elif settings.cluster_source == "kube":
+        try:
+            cluster.resolve_pod(settings.default_namespace, "vllm-oncall-readiness-check")
+        except PodNotFound:
+            pass
+
+
 def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     """Wire the real pieces from settings. Separate from run_serve so it can be reasoned about
     (and started) without a terminal."""
-    from bot.local.store import FolderIncidentStore
-    from bot.kube.incidents import KubeIncidentStore
-    from bot.kube.retry import on_retry
-    from bot.app.ports import PodNotFound
-    from bot.http.server import BotServer
     from bot.app.metrics import Metrics
     from bot.app.service import OncallService, Policy
+    from bot.cli.books import load_books
+    from bot.http.server import BotServer
+    from bot.kube.retry import on_retry
+    from bot.llm.wording import LLMSettings, with_llm_wording
     from bot.slack.app import build_app
     from bot.slack.chat import SlackChat, make_client
 
@@ -146,36 +281,17 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     client = make_client(settings.slack_bot_token, settings.slack_api_url)
     chat = SlackChat(client, settings.slack_channel, metrics, max_attempts=settings.slack_max_attempts,
                      max_retry_after_seconds=settings.slack_max_retry_after_seconds)
-    if settings.cluster_source == "local":
-        from bot.local.cluster import LocalCluster
-
-        cluster = LocalCluster(settings.bundle_dir, settings.state_dir / "cluster", name=settings.cluster_name)
-    else:
-        from bot.kube.live import LiveCluster
-
-        cluster = LiveCluster.from_environment(name=settings.cluster_name, context=settings.kube_context)
-    if settings.store == "kube":
-        store = KubeIncidentStore.from_environment(settings.incident_namespace_or_default(), settings.kube_context)
-    else:
-        store = FolderIncidentStore(settings.state_dir / "incidents")
+    books = load_books(settings.playbooks)  # None: the bundled playbooks, as always
+    cluster, store = _cluster_and_store(settings, books)
+    # settings.mode is not in the Policy yet: the service and the Slack message still offer
+    # Approve in proposals-only mode (to be wired where Policy and the blocks are built).
     policy = Policy(approver_users=frozenset(settings.approver_users),
                     approver_groups=frozenset(settings.approver_groups),
                     proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                     verify_timeout_seconds=settings.verify_timeout_seconds,
                     default_namespace=settings.default_namespace)
-    from bot.llm.wording import LLMSettings, with_llm_wording
-
-    service = OncallService(cluster, store, chat, policy, metrics, diagnose=with_llm_wording(LLMSettings.from_env()))
-
-    def kubernetes_answers() -> None:
-        if settings.store == "kube":
-            store.list(cluster=settings.cluster_name)
-        elif settings.cluster_source == "kube":
-            try:  # any answer from the API server will do; "no such pod" is one
-                cluster.resolve_pod(settings.default_namespace, "vllm-oncall-readiness-check")
-            except PodNotFound:
-                pass
-
+    service = OncallService(cluster, store, chat, policy, metrics,
+                            diagnose=with_llm_wording(LLMSettings.from_env(), books))
     app = build_app(service, client, signing_secret=settings.slack_signing_secret,
                     token_verification_enabled=False, default_namespace=settings.default_namespace)
     host, port = settings.host_port
@@ -183,7 +299,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                        workers=settings.workers, queue_size=settings.queue_size,
                        bolt_app=None if settings.slack_app_token else app,
                        readiness_checks={"slack": chat.check,
-                                         "kubernetes": kubernetes_answers},
+                                         "kubernetes": lambda: kubernetes_answers(settings, cluster, store)},
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds)
     socket_handler = None
     if settings.slack_app_token:

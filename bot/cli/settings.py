@@ -1,15 +1,17 @@
 """Configuration of `vllm-oncall serve`: environment variables, optionally a YAML file.
 
-Every setting has one environment variable (listed in ENV_VARS) and the same name as a key
-in the YAML file; the environment wins over the file. Validation collects every problem at
+Every setting has one environment variable (listed in ENV_VARS). In the YAML file a setting's key
+is its environment variable in lower case (`vllm_oncall_cluster`) or its name (`cluster_name`);
+the environment wins over the file. Validation collects every problem at
 once and names the variable, so a broken deployment says everything that is wrong in one go.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -41,9 +43,13 @@ ENV_VARS: dict[str, str] = {
     "slack_max_attempts": "VLLM_ONCALL_SLACK_MAX_ATTEMPTS",
     "slack_max_retry_after_seconds": "VLLM_ONCALL_SLACK_MAX_RETRY_AFTER_SECONDS",
     "sweep_interval_seconds": "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS",
+    "mode": "VLLM_ONCALL_MODE",
+    "playbooks": "VLLM_ONCALL_PLAYBOOKS",
 }
+# a YAML key -> the setting: the setting's name, or its environment variable in lower case
+FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower(): name for name, var in ENV_VARS.items()}}
 CONFIG_FILE_VAR = "VLLM_ONCALL_CONFIG"
-LIST_SETTINGS = {"approver_users", "approver_groups", "alertnames"}
+LIST_SETTINGS = {"approver_users", "approver_groups", "alertnames", "playbooks"}
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -52,7 +58,10 @@ class SettingsError(ValueError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+        if len(problems) == 1:  # one problem, one line
+            super().__init__(f"invalid configuration: {problems[0]}")
+        else:
+            super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 class Settings(BaseModel):
@@ -83,6 +92,10 @@ class Settings(BaseModel):
     slack_max_attempts: int = Field(default=5, ge=1, le=20)
     slack_max_retry_after_seconds: float = Field(default=60, ge=0)
     sweep_interval_seconds: float = Field(default=30, gt=0)
+    # proposals-only: post diagnoses and proposals, never offer Approve (deploy/ starts here);
+    # approve: Approve/Reject buttons for the approvers. The default keeps what `serve` always did.
+    mode: Literal["proposals-only", "approve"] = "approve"
+    playbooks: list[Path] = Field(default_factory=list)  # extra folders, merged over the bundled ones
 
     @field_validator("slack_bot_token")
     @classmethod
@@ -101,7 +114,7 @@ class Settings(BaseModel):
     @field_validator("approver_users")
     @classmethod
     def _user_ids(cls, v: list[str]) -> list[str]:
-        bad = [u for u in v if not u[:1] in ("U", "W")]
+        bad = [u for u in v if u[:1] not in ("U", "W")]
         if bad:
             raise ValueError(f"Slack user ids start with U or W, not {', '.join(bad)}")
         return v
@@ -123,14 +136,14 @@ class Settings(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _combinations(self) -> "Settings":
+    def _combinations(self) -> Settings:
         problems = []
         if not self.slack_app_token and not self.slack_signing_secret:
             problems.append(f"{ENV_VARS['slack_signing_secret']}: required when {ENV_VARS['slack_app_token']} "
                             "is not set (Slack then calls /slack/events over HTTP and signs each request)")
-        if not self.approver_users and not self.approver_groups:
+        if self.mode == "approve" and not self.approver_users and not self.approver_groups:
             problems.append(f"{ENV_VARS['approver_users']} or {ENV_VARS['approver_groups']}: set at least one "
-                            "approver, otherwise nobody may click Approve")
+                            f"approver, otherwise nobody may click Approve ({ENV_VARS['mode']}=approve)")
         if self.cluster_source == "local" and self.bundle_dir is None:
             problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
         if problems:
@@ -155,8 +168,10 @@ def _split_list(value: str) -> list[str]:
     return [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
 
 
-def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path | None = None) -> Settings:
-    """Settings from the file (if any) overlaid with the environment. Raises SettingsError."""
+def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Settings from the file (if any) overlaid with the environment, then with `overrides` (the
+    command line's options, by setting name). Raises SettingsError."""
     env = os.environ if env is None else env
     raw: dict[str, Any] = {}
     config_file = config_file or env.get(CONFIG_FILE_VAR)
@@ -172,15 +187,20 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
         if not isinstance(doc, dict):
             raise SettingsError([f"{path}: expected a mapping of setting names to values"])
         for key, value in doc.items():
-            if key not in ENV_VARS:
-                problems.append(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(ENV_VARS))})")
+            name = FILE_KEYS.get(str(key).lower())
+            if name is None:
+                known = ", ".join(sorted(var.lower() for var in ENV_VARS.values()))
+                problems.append(f"{path}: unknown setting {key!r} (known: {known})")
+            elif name in raw:
+                problems.append(f"{path}: {key!r} sets {name} a second time")
             else:
-                raw[key] = value
+                raw[name] = value
     for name, var in ENV_VARS.items():
         value = env.get(var)
         if value is None or value == "":
             continue
         raw[name] = _split_list(value) if name in LIST_SETTINGS else value
+    raw.update(overrides or {})
     for name in LIST_SETTINGS:
         if isinstance(raw.get(name), str):
             raw[name] = _split_list(raw[name])

@@ -66,11 +66,11 @@ def pulls(change: Change, lever: Lever) -> bool:
     return after < before if lever.direction == "down" else after > before
 
 
-def score_case(folder: Path) -> CaseResult:
+def score_case(folder: Path, playbooks: Any = None) -> CaseResult:
     expected = Expected.model_validate(json.loads((folder / "expected.json").read_text()))
     note = ""
     try:
-        result: DiagnosisResult | None = diagnose(load_bundle(folder))
+        result: DiagnosisResult | None = diagnose(load_bundle(folder), playbooks)
     except BundleError as exc:
         result = None
         note = f"unreadable: {exc}"
@@ -91,9 +91,10 @@ def score_case(folder: Path) -> CaseResult:
                       lever_pulled=lever, wrong_fix=wrong_fix, note=note)
 
 
-def evaluate(corpus: Path) -> tuple[list[CaseResult], dict[str, Any]]:
+def evaluate(corpus: Path, playbooks: Any = None) -> tuple[list[CaseResult], dict[str, Any]]:
+    """playbooks: None for the bundled ones."""
     cases = sorted(p for p in corpus.iterdir() if (p / "expected.json").is_file())
-    results = [score_case(p) for p in cases]
+    results = [score_case(p, playbooks) for p in cases]
     with_cause = [r for r in results if r.expected is not None]
     summary = {
         "cases": len(results),

@@ -45,7 +45,16 @@ from pydantic import (
 from bot.diagnosis.models import ChangeKind
 
 log = logging.getLogger(__name__)
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "playbooks"
+
+
+def _bundled_playbooks_dir() -> Path:
+    """An installed wheel carries the playbooks in bot/_bundled/playbooks (setup.py copies them at
+    build time); a source checkout or editable install reads the top-level playbooks/ folder."""
+    installed = Path(__file__).resolve().parents[1] / "_bundled" / "playbooks"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "playbooks"
+
+
+DEFAULT_DIR = _bundled_playbooks_dir()
 VLLM_NAMES_FILE = Path(__file__).with_name("vllm_flags.yaml")
 
 

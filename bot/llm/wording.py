@@ -19,6 +19,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -90,12 +91,13 @@ def explain(diagnosis: DiagnosisResult, settings: LLMSettings | None) -> str | N
     return text
 
 
-def with_llm_wording(settings: LLMSettings | None) -> Callable[[Evidence], DiagnosisResult]:
-    """The core's diagnose, with the model's plain-language summary appended when it passes."""
+def with_llm_wording(settings: LLMSettings | None, playbooks: Any = None) -> Callable[[Evidence], DiagnosisResult]:
+    """The core's diagnose (with these playbooks; None: the bundled ones), with the model's
+    plain-language summary appended when it passes."""
     from bot.diagnosis.diagnose import diagnose
 
     def diagnose_and_word(evidence: Evidence) -> DiagnosisResult:
-        result = diagnose(evidence)
+        result = diagnose(evidence, playbooks)
         words = explain(result, settings)
         if not words:
             return result
