@@ -450,3 +450,23 @@ def test_a_record_written_before_the_typed_fields_loads_and_can_be_approved(chat
                         clock=lambda: loaded.first_seen + timedelta(minutes=5))
     assert svc.approve(loaded.name, APPROVER) == "applied"
     assert store.get(loaded.name).applied.by == APPROVER and len(cluster.applied) == 1
+
+
+def test_proposals_only_mode_shows_the_change_and_never_applies_it(cluster, chat, tmp_path):
+    svc = make_service(cluster, chat, tmp_path, proposals_only=True)
+    incident = svc.handle_alert(alert())
+    # The exact change is computed and shown, but the incident offers no decision.
+    assert incident.proposal is not None and incident.proposal.changes
+    assert incident.state == "diagnosed" and "proposals-only mode" in (incident.proposal.approvals_off or "")
+    assert len(chat.posts) == 1
+    # A click forged or left over from an earlier approve-mode message is refused: nothing applied.
+    assert svc.approve(incident.name, APPROVER) == "proposals_only"
+    assert cluster.applied == [] and svc.store.get(incident.name).state == "diagnosed"
+    assert any("proposals-only mode" in text for _, text in chat.told)
+
+
+def test_switching_to_proposals_only_refuses_clicks_on_older_proposals(cluster, chat, tmp_path):
+    incident = make_service(cluster, chat, tmp_path).handle_alert(alert())
+    assert incident.state == "proposed"
+    restarted = make_service(cluster, chat, tmp_path, proposals_only=True)
+    assert restarted.approve(incident.name, APPROVER) == "proposals_only" and cluster.applied == []

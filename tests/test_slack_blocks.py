@@ -161,3 +161,13 @@ def test_texts_longer_than_slack_allows_are_cut_before_posting():
 def test_an_empty_note_still_makes_a_valid_block():
     _, blocks = note_message("")
     assert validated(blocks) == blocks and blocks[0]["text"]["text"].strip() == ""
+
+
+def test_proposals_only_message_has_no_approve_button_and_says_why():
+    inc = incident(state="diagnosed")
+    inc = inc.model_copy(update={"proposal": inc.proposal.model_copy(update={
+        "approvals_off": "proposals-only mode: this is the change the bot would make; nothing will be applied."})})
+    _, blocks = incident_message(inc)
+    assert buttons(blocks) == []
+    text = all_text(blocks)
+    assert "Proposed change" in text and "No Approve button" in text and "proposals-only mode" in text

@@ -16,6 +16,7 @@ from bot.app.incidents import incident_name
 from bot.app.intake import Intake
 from bot.app.messages import Messages
 from bot.app.metrics import Metrics
+from bot.app.policy import PROPOSALS_ONLY
 from bot.app.ports import ClusterPort, IncidentStore
 from bot.app.proposals import Proposer, offers_button, open_state
 from bot.app.records import AlertTarget, AppliedChange, ApplyResult, Incident, MessageRef, Note
@@ -124,6 +125,9 @@ class Decisions:
         if incident is None or incident.proposal is None:
             return None, refuse("unknown", channel, user, "This proposal no longer exists. Nothing was changed.")
         channel = channel or incident.slack_channel
+        if incident.proposal.approvals_off or self.proposer.policy.proposals_only:
+            return None, refuse("proposals_only", channel, user,
+                                f"Nothing was changed: this bot runs in {PROPOSALS_ONLY}")
         if incident.state != S.PROPOSED:
             by = f" by <@{incident.approver}>" if incident.approver else ""
             return None, refuse("already_decided", channel, user,

@@ -16,6 +16,12 @@ class Policy:
     default_namespace: str = "default"
     replica: str = field(default_factory=socket.gethostname)
     group_cache_seconds: float = 60
+    # Proposals-only mode: diagnose and show the exact change, never offer or accept Approve.
+    proposals_only: bool = False
+
+
+PROPOSALS_ONLY = ("proposals-only mode: this is the change the bot would make; nothing will be applied. "
+                  "An admin turns approvals on with VLLM_ONCALL_MODE=approve.")
 
 
 def utcnow() -> datetime:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from bot.app.policy import Policy
+from bot.app.policy import PROPOSALS_ONLY, Policy
 from bot.app.ports import ClusterPort
 from bot.app.state import IncidentState
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
@@ -16,7 +16,7 @@ from bot.remedy.models import Proposal, WorkloadRef
 def offers_button(proposal: Proposal | None) -> bool:
     """A live patch can be approved: there is one, nothing blocks it, and its dry run passed."""
     return (proposal is not None and not proposal.workload.live_patch_blocked and proposal.dry_run_ok is not False
-            and bool(proposal.json_patch or proposal.changes))
+            and not proposal.approvals_off and bool(proposal.json_patch or proposal.changes))
 
 
 def open_state(proposal: Proposal | None) -> IncidentState:
@@ -52,4 +52,7 @@ class Proposer:
             return None
         # The configured time-to-live wins over whatever the cluster side suggested.
         created = self.clock()
-        return proposal.model_copy(update={"created_at": created, "expires_at": created + self.policy.proposal_ttl})
+        update: dict[str, object] = {"created_at": created, "expires_at": created + self.policy.proposal_ttl}
+        if self.policy.proposals_only:
+            update["approvals_off"] = PROPOSALS_ONLY
+        return proposal.model_copy(update=update)

@@ -283,9 +283,8 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                      max_retry_after_seconds=settings.slack_max_retry_after_seconds)
     books = load_books(settings.playbooks)  # None: the bundled playbooks, as always
     cluster, store = _cluster_and_store(settings, books)
-    # settings.mode is not in the Policy yet: the service and the Slack message still offer
-    # Approve in proposals-only mode (to be wired where Policy and the blocks are built).
     policy = Policy(approver_users=frozenset(settings.approver_users),
+                    proposals_only=settings.mode == "proposals-only",
                     approver_groups=frozenset(settings.approver_groups),
                     proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                     verify_timeout_seconds=settings.verify_timeout_seconds,

@@ -45,6 +45,8 @@ class Proposal(Model):
     dry_run_ok: bool | None = None
     dry_run_message: str | None = None
     manifest_diff: str | None = None  # shown when a live patch is blocked
+    # Why this proposal may not be approved although it could be applied (proposals-only mode).
+    approvals_off: str | None = None
     created_at: datetime
     expires_at: datetime
 

@@ -177,6 +177,8 @@ def _proposal_blocks(incident: Incident) -> list[Block]:
     elif p.dry_run_ok is False:
         out.append(_section(f":no_entry: *The server-side dry run failed*, so no button is offered: "
                             f"{escape(p.dry_run_message or 'no reason given')}"))
+    elif p.approvals_off:
+        out.append(_section(f":eyes: *No Approve button:* {escape(p.approvals_off)}", block_id="approvals-off"))
     if incident.state == "proposed":
         out.append(_decision_buttons(incident))
     return out
