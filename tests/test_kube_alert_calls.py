@@ -50,13 +50,16 @@ def world():
     dep, pod = crashing_deployment(kube, name="vllm-llama3-8b", previous_log=EXAMPLE_LOG, containers=[container(
         command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
         args=["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"])])
-    api = KubeApi(kube.api_client(), retry=RetryPolicy(attempts=3, sleep=lambda s: None))
-    chat = SlackChat(make_client("xoxb-count", slack.url), "C0ALERTS", backoff_seconds=0.01)
-    service = OncallService(LiveCluster(api, name="count"), KubeIncidentStore(api, "vllm-oncall"), chat,
-                            Policy(approver_users=frozenset({"U0A"})), metrics=chat.metrics)
-    yield {"kube": kube, "slack": slack, "service": service, "pod": pod["metadata"]["name"]}
+    yield {"kube": kube, "slack": slack, "service": make_service(kube, slack), "pod": pod["metadata"]["name"]}
     slack.stop()
     kube.stop()
+
+
+def make_service(kube: FakeKube, slack: SlackStandIn, wrap_chat=lambda chat: chat) -> OncallService:
+    api = KubeApi(kube.api_client(), retry=RetryPolicy(attempts=3, sleep=lambda s: None))
+    chat = SlackChat(make_client("xoxb-count", slack.url), "C0ALERTS", backoff_seconds=0.01)
+    return OncallService(LiveCluster(api, name="count"), KubeIncidentStore(api, "vllm-oncall"), wrap_chat(chat),
+                         Policy(approver_users=frozenset({"U0A"})), metrics=chat.metrics)
 
 
 def counted(calls) -> Counter:
@@ -93,3 +96,47 @@ def test_a_repeat_alert_makes_no_dry_run_and_no_create(world):
     assert not any(c.dry_run or c.verb == "create" for c in calls), breakdown(calls)
     assert len(calls) <= MAX_CALLS_PER_REPEAT, (
         f"{len(calls)} Kubernetes API calls for a repeat alert (at most {MAX_CALLS_PER_REPEAT}): {breakdown(calls)}")
+
+
+class RepeatWhilePosting:
+    """The chat, with a repeat of the alert arriving (and writing the incident) while the first
+    alert's post is in flight."""
+
+    def __init__(self, chat: SlackChat):
+        self.chat, self.repeat = chat, None
+
+    def post_incident(self, incident, channel=None):
+        message = self.chat.post_incident(incident, channel)
+        if self.repeat is not None:
+            repeat, self.repeat = self.repeat, None
+            repeat()
+        return message
+
+    def __getattr__(self, name):
+        return getattr(self.chat, name)
+
+
+def test_a_write_during_the_post_falls_back_to_read_modify_write(world):
+    kube, slack = world["kube"], world["slack"]
+    target = AlertTarget(namespace=NS, pod=world["pod"], container="vllm")
+    chat: RepeatWhilePosting | None = None
+
+    def wrap(real: SlackChat) -> RepeatWhilePosting:
+        nonlocal chat
+        chat = RepeatWhilePosting(real)
+        return chat
+
+    service = make_service(kube, slack, wrap_chat=wrap)
+    assert chat is not None
+    chat.repeat = lambda: service.handle_alert(target)
+
+    incident = service.handle_alert(target)
+
+    # The repeat's write made the patch storing the ts lose its compare-and-swap: the poster
+    # re-reads and patches again, keeping the repeat's counter; still one message.
+    assert incident is not None and incident.slack_ts and incident.alert_count == 2
+    stored = KubeIncidentStore(KubeApi(kube.api_client()), "vllm-oncall").get(incident.name)
+    assert stored.slack_ts == incident.slack_ts and stored.alert_count == 2 and stored.post_lease is None
+    assert len(slack.posts()) == 1
+    patches = [c.code for c in kube.calls if c.resource == "vllmincidents" and c.verb == "patch"]
+    assert patches == [200, 409, 200], breakdown(kube.calls)  # the repeat's, ours refused, ours again
