@@ -34,7 +34,7 @@ def cluster(kube_api, sleeps):  # noqa: F811
     return LiveCluster(api, name="test-cluster", poll_seconds=0.001)
 
 
-def test_collect_reads_pod_previous_log_events_node_and_gpu_neighbours(kube_api, cluster):  # noqa: F811
+def test_collect_for_a_bundle_reads_pod_previous_log_events_node_and_gpu_neighbours(kube_api, cluster):  # noqa: F811
     dep, pod = crashing_deployment(kube_api, previous_log="INFO engine config\nValueError: boom\n")
     other = start_pod(kube_api, crashing_deployment(kube_api, name="other", events=False)[0], "ready", suffix="zzz")
     cpu_only = dict(other)
@@ -42,7 +42,7 @@ def test_collect_reads_pod_previous_log_events_node_and_gpu_neighbours(kube_api,
                   "metadata": {"name": "cpu-job", "namespace": "batch"},
                   "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "c", "image": "busybox"}]},
                   "status": {"phase": "Running"}})
-    evidence = cluster.collect(NS, pod["metadata"]["name"])
+    evidence = cluster.collect(NS, pod["metadata"]["name"], gpu_pods=True)  # as `vllm-oncall collect` does
 
     assert evidence.log.text == "INFO engine config\nValueError: boom\n"
     assert evidence.log.truncated_middle is False
@@ -204,3 +204,11 @@ def test_collected_evidence_diagnoses_end_to_end(kube_api, cluster):  # noqa: F8
         args=["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"])], previous_log=log.read_text())
     result = diagnose(cluster.collect(NS, pod["metadata"]["name"]))
     assert result.cause is not None and result.changes
+
+
+def test_an_alerts_collect_does_not_list_the_gpu_pods_on_the_node(kube_api, cluster):  # noqa: F811
+    _, pod = crashing_deployment(kube_api)
+    evidence = cluster.collect(NS, pod["metadata"]["name"])
+    assert evidence.node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A10G"
+    assert GPU_PODS_ANNOTATION not in (evidence.node["metadata"].get("annotations") or {})
+    assert not [c for c in kube_api.calls if c.verb == "list" and c.resource == "pods"]
