@@ -8,7 +8,7 @@ import pytest
 
 from bot.kube import retry as kube_retry
 from bot.kube.api import KubeApi
-from bot.kube.collect import GPU_PODS_ANNOTATION, MIDDLE_MARKER
+from bot.kube.collect import GPU_PODS_ANNOTATION, MIDDLE_MARKER, events_can_explain
 from bot.kube.errors import KubeForbidden, KubeUnavailable, PodGone
 from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
@@ -212,3 +212,62 @@ def test_an_alerts_collect_does_not_list_the_gpu_pods_on_the_node(kube_api, clus
     assert evidence.node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A10G"
     assert GPU_PODS_ANNOTATION not in (evidence.node["metadata"].get("annotations") or {})
     assert not [c for c in kube_api.calls if c.verb == "list" and c.resource == "pods"]
+
+
+def test_an_ordinary_error_exit_reads_no_events(kube_api, cluster):  # noqa: F811
+    # exit 1, reason Error: the application raised and its log says why; the events (here a
+    # liveness kill's, to prove they are not read) cannot change the diagnosis.
+    _, pod = crashing_deployment(kube_api, previous_log="ValueError: boom\n", exit_code=1)
+    evidence = cluster.collect(NS, pod["metadata"]["name"])
+    assert evidence.events == []
+    assert not [c for c in kube_api.calls if c.resource == "events"]
+
+
+def test_a_probe_kill_reads_the_events_and_is_diagnosed_through_the_live_path(kube_api, cluster):  # noqa: F811
+    from pathlib import Path
+
+    import yaml
+
+    from bot.diagnosis.diagnose import diagnose
+
+    bundle = Path(__file__).resolve().parent / "fixtures" / "bundles" / "probe-v1-0.11-liveness"
+    pod = yaml.safe_load((bundle / "pod.yaml").read_text())
+    assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
+    kube_api.put(yaml.safe_load((bundle / "node.yaml").read_text()))
+    kube_api.put(pod)
+    for event in yaml.safe_load((bundle / "events.yaml").read_text())["items"]:
+        kube_api.put(event)
+    name = pod["metadata"]["name"]
+    kube_api.set_log(NS, name, "vllm", (bundle / "previous.log").read_text())
+
+    result = diagnose(cluster.collect(NS, name))
+
+    assert [c.query.get("fieldSelector") for c in kube_api.calls if c.resource == "events"] == [
+        f"involvedObject.name={name}"]
+    assert result.cause == json.loads((bundle / "expected.json").read_text())["cause"] == "probe-killed-during-load"
+    assert any("Liveness probe failed" in line for line in result.evidence), result.evidence
+
+
+def last_exit(**terminated):
+    return {"status": {"containerStatuses": [{"name": "vllm", "lastState": {"terminated": terminated}}]}}
+
+
+@pytest.mark.parametrize("pod, read", [
+    (last_exit(exitCode=1, reason="Error"), False),  # the application raised
+    (last_exit(exitCode=2, reason="Error"), False),
+    (last_exit(exitCode=137, reason="Error"), True),  # SIGKILL: a probe's kill, the OOM killer
+    (last_exit(exitCode=143, reason="Error"), True),  # SIGTERM
+    (last_exit(exitCode=0, reason="Completed"), True),  # vLLM stopping cleanly on a probe's SIGTERM
+    (last_exit(exitCode=0, reason="Error"), True),
+    (last_exit(exitCode=1, reason="OOMKilled"), True),
+    (last_exit(exitCode=128, reason="ContainerCannotRun"), True),
+    (last_exit(exitCode=1, reason="Error", signal=9), True),
+    (last_exit(reason="Error"), True),  # no exit code to go on
+    (last_exit(exitCode=1), True),  # no reason
+    ({"status": {"containerStatuses": [{"name": "vllm", "lastState": {}}]}}, True),  # never terminated
+    ({"status": {"containerStatuses": [{"name": "sidecar", "lastState": {"terminated": {
+        "exitCode": 1, "reason": "Error"}}}]}}, True),  # only another container's status
+    ({}, True),
+])
+def test_events_are_read_unless_the_last_exit_was_an_ordinary_error(pod, read):
+    assert events_can_explain(pod, "vllm") is read
