@@ -37,8 +37,8 @@ from slackapi import SlackStandIn
 EXAMPLE_LOG = (Path(__file__).resolve().parents[1] / "examples" / "incident" / "bundle" / "previous.log").read_text()
 NS = "inference"
 # What the cluster side costs for one new alert: every read once, one dry run.
-CLUSTER_CALLS = {"get pods": 1, "get pods/log": 1, "get nodes": 1,
-                 "get replicasets": 1, "get deployments": 1, "patch deployments (dry run)": 1}
+CLUSTER_CALLS = {"get pods": 1, "get pods/log": 1, "get nodes": 1, "get deployments": 1,
+                 "patch deployments (dry run)": 1}
 MAX_CALLS_PER_NEW_ALERT = 13  # CLUSTER_CALLS + 5 incident calls (see the module docstring)
 MAX_CALLS_PER_REPEAT = 11  # the same evidence and owner reads, no dry run, no create
 
