@@ -5,15 +5,27 @@ the Kubernetes API stand-in, posting to the Slack Web API stand-in. One alert go
 evidence, diagnosis, proposal with its server-side dry run, incident created, message posted,
 incident updated with the message's ts. The stand-in records every request it receives.
 
-Counts (this test's world; a small previous log, so one log read):
+Counts (this test's world: an exit-1 pod, as the example log's ValueError ends it, and a small
+previous log, so one log read):
 - before typed errors / resolved-workload proposals: 15 (ReplicaSet and Deployment read twice,
   the incident read three times).
-- now: 13 = 8 for the cluster (pod, previous log, events, node, GPU pods on the node,
-  ReplicaSet, Deployment, dry run: each once) + 5 for the incident (read: absent, create, read
-  before posting, read + patch to store the ts). The two reads after the create are the
-  service's (bot/app/service.py `_ensure_posted`); without them it is 11.
-- a repeat of the same alert: 11, before and now (the same 7 evidence and owner reads, then
-  the incident: read, read, read + patch).
+- after them: 13 = 8 for the cluster (pod, previous log, events, node, GPU pods on the node,
+  ReplicaSet, Deployment, dry run) + 5 for the incident (read: absent, create, read before
+  posting, read + patch to store the ts).
+- now: 8 = 5 for the cluster (pod, previous log, node, Deployment, dry run) + 3 for the incident
+  (read: absent, create, patch to store the ts). What went:
+  - events: read only when they can explain the crash (a kill: exit >= 128 or 0, a signal, a
+    reason other than Error, or no termination record); an exit 1 with reason Error is the
+    application raising, and its log says why (bot/kube/collect.py `events_can_explain`).
+  - GPU pods on the node: only for a ticket bundle (`collect(gpu_pods=True)`); nothing in the
+    diagnosis reads them.
+  - ReplicaSet: the Deployment is read straight from the ReplicaSet's name when the pod's
+    pod-template-hash label and the Deployment's selector prove it
+    (bot/remedy/ownership.py `deployment_by_replicaset_name`).
+  - the two incident reads after the create: the poster takes the incident it just created and
+    stores the ts by a compare-and-swap update of it (bot/app/posting.py `ensure_posted`).
+- a repeat of the same alert: 11 before, now 8 (pod, previous log, node, Deployment, then the
+  incident: read, read, read + patch to count the repeat).
 """
 
 from __future__ import annotations
@@ -39,8 +51,10 @@ NS = "inference"
 # What the cluster side costs for one new alert: every read once, one dry run.
 CLUSTER_CALLS = {"get pods": 1, "get pods/log": 1, "get nodes": 1, "get deployments": 1,
                  "patch deployments (dry run)": 1}
-MAX_CALLS_PER_NEW_ALERT = 13  # CLUSTER_CALLS + 5 incident calls (see the module docstring)
-MAX_CALLS_PER_REPEAT = 11  # the same evidence and owner reads, no dry run, no create
+# The incident: its name is free (read), created holding the post lease, the message's ts stored.
+INCIDENT_CALLS = {"get vllmincidents": 1, "create vllmincidents": 1, "patch vllmincidents": 1}
+MAX_CALLS_PER_NEW_ALERT = 8  # CLUSTER_CALLS + INCIDENT_CALLS (see the module docstring)
+MAX_CALLS_PER_REPEAT = 8  # the same evidence and owner reads, no dry run, no create
 
 
 @pytest.fixture
@@ -81,7 +95,9 @@ def test_one_new_alert_reads_everything_once(world):
     assert incident is not None and incident.state == "proposed" and incident.proposal.dry_run_ok
     assert len(slack.posts()) == 1 and incident.slack_ts
     cluster_side = {what: n for what, n in counted(calls).items() if "vllmincidents" not in what}
+    incident_side = {what: n for what, n in counted(calls).items() if "vllmincidents" in what}
     assert cluster_side == CLUSTER_CALLS, f"cluster calls for one new alert: {breakdown(calls)}"
+    assert incident_side == INCIDENT_CALLS, f"incident calls for one new alert: {breakdown(calls)}"
     assert len(calls) <= MAX_CALLS_PER_NEW_ALERT, (
         f"{len(calls)} Kubernetes API calls for one new alert (at most {MAX_CALLS_PER_NEW_ALERT}): "
         f"{breakdown(calls)}")
@@ -96,6 +112,8 @@ def test_a_repeat_alert_makes_no_dry_run_and_no_create(world):
     calls = kube.calls[before:]
     assert incident is not None and incident.alert_count == 2 and len(world["slack"].posts()) == 1
     assert not any(c.dry_run or c.verb == "create" for c in calls), breakdown(calls)
+    cluster_side = {what: n for what, n in counted(calls).items() if "vllmincidents" not in what}
+    assert cluster_side == {what: n for what, n in CLUSTER_CALLS.items() if "dry run" not in what}, breakdown(calls)
     assert len(calls) <= MAX_CALLS_PER_REPEAT, (
         f"{len(calls)} Kubernetes API calls for a repeat alert (at most {MAX_CALLS_PER_REPEAT}): {breakdown(calls)}")
 
