@@ -271,3 +271,46 @@ def last_exit(**terminated):
 ])
 def test_events_are_read_unless_the_last_exit_was_an_ordinary_error(pod, read):
     assert events_can_explain(pod, "vllm") is read
+
+
+def kubeconfig_for(fake, folder) -> str:
+    """A kubeconfig file pointing at the stand-in, as a user's ~/.kube/config would."""
+    import yaml
+
+    path = folder / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+        "clusters": [{"name": "stand-in", "cluster": {"server": fake.url}}],
+        "users": [{"name": "bot", "user": {"token": "t"}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "bot"}}]}))
+    return str(path)
+
+
+def test_a_long_retry_after_is_capped_by_the_bots_policy_not_slept_by_urllib3(kube_api, sleeps, caplog,  # noqa: F811
+                                                                              tmp_path):
+    import threading
+
+    from bot.kube.api import api_client_from_environment
+
+    _, pod = crashing_deployment(kube_api)
+    kube_api.fail("get", "pods", 429, times=1, retry_after="3600")
+    api = KubeApi(api_client_from_environment(kubeconfig=kubeconfig_for(kube_api, tmp_path)),
+                  retry=RetryPolicy(max_retry_after=60.0, sleep=sleeps))
+    seen: list[tuple[str, int | None]] = []
+    kube_retry.on_retry(lambda what, status: seen.append((what, status)))
+    before = kube_retry.retry_count()
+    got: list[dict] = []
+
+    # In a thread, so that a client which sleeps the hour itself fails this test in seconds.
+    with caplog.at_level("WARNING", logger="bot.kube"):
+        worker = threading.Thread(target=lambda: got.append(api.get_pod(NS, pod["metadata"]["name"])),
+                                  daemon=True)
+        worker.start()
+        worker.join(timeout=20)
+
+    assert not worker.is_alive(), "the client slept the server's Retry-After itself"
+    assert got and got[0]["metadata"]["name"] == pod["metadata"]["name"]
+    assert sleeps == [60.0]  # capped at max_retry_after, waited by the bot's policy
+    assert kube_retry.retry_count() - before == 1 and seen[-1] == ("get pods", 429)
+    assert any("get pods failed (429), retry 1/4 in 60.00s" in r.getMessage() for r in caplog.records)
+    assert [c.code for c in kube_api.calls if c.resource == "pods" and c.verb == "get"] == [429, 200]
