@@ -8,7 +8,7 @@ import pytest
 
 from bot.kube import retry as kube_retry
 from bot.kube.api import KubeApi
-from bot.kube.collect import GPU_PODS_ANNOTATION, MIDDLE_MARKER
+from bot.kube.collect import GPU_PODS_ANNOTATION, MIDDLE_MARKER, events_can_explain
 from bot.kube.errors import KubeForbidden, KubeUnavailable, PodGone
 from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
@@ -34,7 +34,7 @@ def cluster(kube_api, sleeps):  # noqa: F811
     return LiveCluster(api, name="test-cluster", poll_seconds=0.001)
 
 
-def test_collect_reads_pod_previous_log_events_node_and_gpu_neighbours(kube_api, cluster):  # noqa: F811
+def test_collect_for_a_bundle_reads_pod_previous_log_events_node_and_gpu_neighbours(kube_api, cluster):  # noqa: F811
     dep, pod = crashing_deployment(kube_api, previous_log="INFO engine config\nValueError: boom\n")
     other = start_pod(kube_api, crashing_deployment(kube_api, name="other", events=False)[0], "ready", suffix="zzz")
     cpu_only = dict(other)
@@ -42,7 +42,7 @@ def test_collect_reads_pod_previous_log_events_node_and_gpu_neighbours(kube_api,
                   "metadata": {"name": "cpu-job", "namespace": "batch"},
                   "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "c", "image": "busybox"}]},
                   "status": {"phase": "Running"}})
-    evidence = cluster.collect(NS, pod["metadata"]["name"])
+    evidence = cluster.collect(NS, pod["metadata"]["name"], gpu_pods=True)  # as `vllm-oncall collect` does
 
     assert evidence.log.text == "INFO engine config\nValueError: boom\n"
     assert evidence.log.truncated_middle is False
@@ -204,3 +204,113 @@ def test_collected_evidence_diagnoses_end_to_end(kube_api, cluster):  # noqa: F8
         args=["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"])], previous_log=log.read_text())
     result = diagnose(cluster.collect(NS, pod["metadata"]["name"]))
     assert result.cause is not None and result.changes
+
+
+def test_an_alerts_collect_does_not_list_the_gpu_pods_on_the_node(kube_api, cluster):  # noqa: F811
+    _, pod = crashing_deployment(kube_api)
+    evidence = cluster.collect(NS, pod["metadata"]["name"])
+    assert evidence.node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A10G"
+    assert GPU_PODS_ANNOTATION not in (evidence.node["metadata"].get("annotations") or {})
+    assert not [c for c in kube_api.calls if c.verb == "list" and c.resource == "pods"]
+
+
+def test_an_ordinary_error_exit_reads_no_events(kube_api, cluster):  # noqa: F811
+    # exit 1, reason Error: the application raised and its log says why; the events (here a
+    # liveness kill's, to prove they are not read) cannot change the diagnosis.
+    _, pod = crashing_deployment(kube_api, previous_log="ValueError: boom\n", exit_code=1)
+    evidence = cluster.collect(NS, pod["metadata"]["name"])
+    assert evidence.events == []
+    assert not [c for c in kube_api.calls if c.resource == "events"]
+
+
+def test_a_probe_kill_reads_the_events_and_is_diagnosed_through_the_live_path(kube_api, cluster):  # noqa: F811
+    from pathlib import Path
+
+    import yaml
+
+    from bot.diagnosis.diagnose import diagnose
+
+    bundle = Path(__file__).resolve().parent / "fixtures" / "bundles" / "probe-v1-0.11-liveness"
+    pod = yaml.safe_load((bundle / "pod.yaml").read_text())
+    assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
+    kube_api.put(yaml.safe_load((bundle / "node.yaml").read_text()))
+    kube_api.put(pod)
+    for event in yaml.safe_load((bundle / "events.yaml").read_text())["items"]:
+        kube_api.put(event)
+    name = pod["metadata"]["name"]
+    kube_api.set_log(NS, name, "vllm", (bundle / "previous.log").read_text())
+
+    result = diagnose(cluster.collect(NS, name))
+
+    assert [c.query.get("fieldSelector") for c in kube_api.calls if c.resource == "events"] == [
+        f"involvedObject.name={name}"]
+    assert result.cause == json.loads((bundle / "expected.json").read_text())["cause"] == "probe-killed-during-load"
+    assert any("Liveness probe failed" in line for line in result.evidence), result.evidence
+
+
+def last_exit(**terminated):
+    return {"status": {"containerStatuses": [{"name": "vllm", "lastState": {"terminated": terminated}}]}}
+
+
+@pytest.mark.parametrize("pod, read", [
+    (last_exit(exitCode=1, reason="Error"), False),  # the application raised
+    (last_exit(exitCode=2, reason="Error"), False),
+    (last_exit(exitCode=137, reason="Error"), True),  # SIGKILL: a probe's kill, the OOM killer
+    (last_exit(exitCode=143, reason="Error"), True),  # SIGTERM
+    (last_exit(exitCode=0, reason="Completed"), True),  # vLLM stopping cleanly on a probe's SIGTERM
+    (last_exit(exitCode=0, reason="Error"), True),
+    (last_exit(exitCode=1, reason="OOMKilled"), True),
+    (last_exit(exitCode=128, reason="ContainerCannotRun"), True),
+    (last_exit(exitCode=1, reason="Error", signal=9), True),
+    (last_exit(reason="Error"), True),  # no exit code to go on
+    (last_exit(exitCode=1), True),  # no reason
+    ({"status": {"containerStatuses": [{"name": "vllm", "lastState": {}}]}}, True),  # never terminated
+    ({"status": {"containerStatuses": [{"name": "sidecar", "lastState": {"terminated": {
+        "exitCode": 1, "reason": "Error"}}}]}}, True),  # only another container's status
+    ({}, True),
+])
+def test_events_are_read_unless_the_last_exit_was_an_ordinary_error(pod, read):
+    assert events_can_explain(pod, "vllm") is read
+
+
+def kubeconfig_for(fake, folder) -> str:
+    """A kubeconfig file pointing at the stand-in, as a user's ~/.kube/config would."""
+    import yaml
+
+    path = folder / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+        "clusters": [{"name": "stand-in", "cluster": {"server": fake.url}}],
+        "users": [{"name": "bot", "user": {"token": "t"}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "bot"}}]}))
+    return str(path)
+
+
+def test_a_long_retry_after_is_capped_by_the_bots_policy_not_slept_by_urllib3(kube_api, sleeps, caplog,  # noqa: F811
+                                                                              tmp_path):
+    import threading
+
+    from bot.kube.api import api_client_from_environment
+
+    _, pod = crashing_deployment(kube_api)
+    kube_api.fail("get", "pods", 429, times=1, retry_after="3600")
+    api = KubeApi(api_client_from_environment(kubeconfig=kubeconfig_for(kube_api, tmp_path)),
+                  retry=RetryPolicy(max_retry_after=60.0, sleep=sleeps))
+    seen: list[tuple[str, int | None]] = []
+    kube_retry.on_retry(lambda what, status: seen.append((what, status)))
+    before = kube_retry.retry_count()
+    got: list[dict] = []
+
+    # In a thread, so that a client which sleeps the hour itself fails this test in seconds.
+    with caplog.at_level("WARNING", logger="bot.kube"):
+        worker = threading.Thread(target=lambda: got.append(api.get_pod(NS, pod["metadata"]["name"])),
+                                  daemon=True)
+        worker.start()
+        worker.join(timeout=20)
+
+    assert not worker.is_alive(), "the client slept the server's Retry-After itself"
+    assert got and got[0]["metadata"]["name"] == pod["metadata"]["name"]
+    assert sleeps == [60.0]  # capped at max_retry_after, waited by the bot's policy
+    assert kube_retry.retry_count() - before == 1 and seen[-1] == ("get pods", 429)
+    assert any("get pods failed (429), retry 1/4 in 60.00s" in r.getMessage() for r in caplog.records)
+    assert [c.code for c in kube_api.calls if c.resource == "pods" and c.verb == "get"] == [429, 200]

@@ -93,6 +93,12 @@ def test_every_call_the_code_makes_is_required_and_every_required_permission_is_
     assert cluster.resolve_pod(NS, "qwen") == sts_pod["metadata"]["name"]
     assert cluster.apply(cluster.propose(result, cluster.collect(NS, sts_pod["metadata"]["name"])), "U_ALICE").ok
 
+    # A bare ReplicaSet's pod: no Deployment name to go by, so its ReplicaSet itself is read.
+    rs = deployment("solo", [container(args=["--model", "s"])], NS)
+    rs["kind"] = "ReplicaSet"
+    rs_pod = start_pod(kube_api, kube_api.put(rs), "crashloop", previous_log="boom\n")
+    assert cluster.workload_for(cluster.collect(NS, rs_pod["metadata"]["name"])).kind == "ReplicaSet"
+
     # The incident store the Slack side uses (bot/incidents.py), when it is there.
     try:
         from bot.kube.incidents import KubeIncidentStore

@@ -73,7 +73,8 @@ class Intake:
                 if created.state == IncidentState.PROPOSED:
                     self.metrics.proposals.inc()
                 log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
-                return self.poster.ensure_posted(name, received_at=target.received_at, lease=lease)
+                return self.poster.ensure_posted(name, received_at=target.received_at, lease=lease,
+                                                 known=created)
         return self._record_repeat(name, target.pod, diagnosis, evidence, workload)
 
     def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
@@ -117,7 +118,7 @@ class Intake:
         if incident is None:
             return None
         if not incident.slack_ts:
-            return self.poster.ensure_posted(name)  # a post that failed earlier: try again now
+            return self.poster.ensure_posted(name, known=incident)  # a post that failed earlier: try again now
         self.messages.refresh(incident)
         if reopened:
             self.messages.reply(incident, None, Note(text=f"Crash-looping again (pod {pod}) after being resolved."))

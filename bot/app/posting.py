@@ -42,10 +42,14 @@ class Poster:
         lease = incident.post_lease
         return lease.holder if lease is not None and lease.until > self.clock() else None
 
-    def ensure_posted(self, name: str, received_at: float | None = None, lease: PostLease | None = None
-                      ) -> Incident | None:
-        """Post the incident unless it is posted or someone else holds the post lease."""
-        incident = self.store.get(name)
+    def ensure_posted(self, name: str, received_at: float | None = None, lease: PostLease | None = None,
+                      known: Incident | None = None) -> Incident | None:
+        """Post the incident unless it is posted or someone else holds the post lease.
+
+        `known`: the incident as the caller just wrote it (created, or updated by CAS). It saves
+        a read; it is safe because every later write here is a CAS on its version, so a stale
+        `known` only costs a conflict and a re-read."""
+        incident = known if known is not None else self.store.get(name)
         if incident is None or incident.slack_ts:
             return incident
         holder = self.lease_holder(incident)
@@ -86,9 +90,18 @@ class Poster:
         if received_at is not None:
             self.metrics.alert_to_post.observe(time.monotonic() - received_at)
         self.metrics.incidents_posted.inc()
-        posted = self.cas.mutate(incident.name, lambda inc: inc.model_copy(update={
-            "slack_channel": message.channel, "slack_ts": message.ts, "post_lease": None,
-            "history": noted(inc, self.clock(), f"posted to {message.channel}")}))
+
+        def record_post(inc: Incident) -> Incident:
+            return inc.model_copy(update={
+                "slack_channel": message.channel, "slack_ts": message.ts, "post_lease": None,
+                "history": noted(inc, self.clock(), f"posted to {message.channel}")})
+
+        # Usually nobody wrote since the incident we hold (we held the post lease): a CAS on it
+        # stores the ts without reading again. Someone did (a repeat alert's counters): re-read.
+        try:
+            posted: Incident | None = self.store.update(record_post(incident))
+        except IncidentConflict:
+            posted = self.cas.mutate(incident.name, record_post)
         if posted is not None and (posted.alert_count, posted.pods) != (incident.alert_count, incident.pods):
             self.messages.refresh(posted)  # repeats arrived while posting: show their counters
         return posted

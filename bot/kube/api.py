@@ -38,12 +38,23 @@ def api_client_from_environment(context: str | None = None, kubeconfig: str | No
     """In-cluster service account when running in a pod, else kubeconfig (optionally a context)."""
     if context is None and kubeconfig is None:
         try:
-            config.load_incluster_config()
-            return client.ApiClient()
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)
+            return api_client_without_its_own_retries(cfg)
         except config.ConfigException:
             pass
     cfg = client.Configuration()
     config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    return api_client_without_its_own_retries(cfg)
+
+
+def api_client_without_its_own_retries(cfg: client.Configuration) -> client.ApiClient:
+    """An ApiClient whose urllib3 pool does not retry: RetryPolicy (bot/kube/retry.py) owns retries.
+
+    Left at its default (retries=None), urllib3 retries connection errors three times on its own
+    and, for a GET, sleeps a 429's or 503's whole Retry-After before retrying, however long: none
+    of it capped, logged or counted. retries=False makes the first error reach RetryPolicy."""
+    cfg.retries = False
     return client.ApiClient(cfg)
 
 

@@ -4,13 +4,16 @@
   it died), even when it is huge: the head with limitBytes, the tail with tailLines, and
   LogText.truncated_middle=True when the middle was dropped. If the kubelet no longer has the
   previous container's log, the current one is used and an Event-shaped note says so.
-- the pod's events, the node, and other pods on that node holding nvidia.com/gpu.
+- the pod's events, when they can explain the crash (`events_can_explain`), and the node.
+- for a ticket bundle only (`gpu_pods=True`, `vllm-oncall collect`): the other pods on that node
+  holding nvidia.com/gpu. Nothing in the diagnosis reads them, so an alert does not list them.
 
 Notes the bot adds (documented, so readers can rely on them):
 - evidence.events may contain an entry with reason "VllmOncallNote" (source.component
   "vllm-oncall") saying what could not be read (previous log gone, node not readable).
-- node.metadata.annotations["vllm-oncall/gpu-pods"] is a JSON list of the *other* pods on the
-  node that request or limit nvidia.com/gpu: [{"pod": "ns/name", "gpus": "1", "phase": "Running"}].
+- with gpu_pods=True, node.metadata.annotations["vllm-oncall/gpu-pods"] is a JSON list of the
+  *other* pods on the node that request or limit nvidia.com/gpu:
+  [{"pod": "ns/name", "gpus": "1", "phase": "Running"}].
 """
 
 from __future__ import annotations
@@ -130,14 +133,19 @@ def requests_gpu(pod: dict[str, Any]) -> str | None:
     return str(total) if total else None
 
 
-def node_with_gpu_pods(api: KubeApi, node_name: str, namespace: str, pod_name: str) -> tuple[dict | None, list]:
-    """The Node, annotated with the other GPU pods on it; notes for what could not be read."""
-    notes: list[dict[str, Any]] = []
+def read_node(api: KubeApi, node_name: str, namespace: str, pod_name: str) -> tuple[dict | None, list]:
+    """The Node, or None and a note saying why it could not be read."""
     try:
-        node = api.get_node(node_name)
+        return api.get_node(node_name), []
     except KubeError as exc:
         # Node access is cluster-scoped; a namespace-only install may lack it. Diagnose without it.
-        notes.append(note(f"node {node_name} could not be read: {exc}", namespace, pod_name))
+        return None, [note(f"node {node_name} could not be read: {exc}", namespace, pod_name)]
+
+
+def node_with_gpu_pods(api: KubeApi, node_name: str, namespace: str, pod_name: str) -> tuple[dict | None, list]:
+    """The Node, annotated with the other GPU pods on it; notes for what could not be read."""
+    node, notes = read_node(api, node_name, namespace, pod_name)
+    if node is None:
         return None, notes
     try:
         neighbours = api.list_pods_on_node(node_name)
@@ -157,20 +165,49 @@ def node_with_gpu_pods(api: KubeApi, node_name: str, namespace: str, pod_name: s
     return node, notes
 
 
+def events_can_explain(pod: dict[str, Any], container: str) -> bool:
+    """Whether the pod's events may hold the cause of the container's last death.
+
+    The diagnosis reads events only for kills from outside the process: a failed liveness or
+    startup probe (the kubelet's SIGTERM, then SIGKILL) and the kernel's OOM killer (OOMKilling,
+    SystemOOM). Those end the container with a signal's exit code (128 + n), a signal, a reason
+    other than "Error" (OOMKilled), or exit 0 (vLLM shutting down cleanly on SIGTERM). An ordinary
+    error exit (0 < code < 128, no signal, reason "Error") is the application raising: its log
+    says why and no event changes that. With nothing to go on (no lastState.terminated), read them.
+    """
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    status = next((s for s in statuses if s.get("name") == container), None) or {}
+    terminated = (status.get("lastState") or {}).get("terminated")
+    if not terminated:
+        return True
+    code = terminated.get("exitCode")
+    ordinary_error = (isinstance(code, int) and 0 < code < 128 and not terminated.get("signal")
+                      and terminated.get("reason") == "Error")
+    return not ordinary_error
+
+
 def collect(api: KubeApi, namespace: str, pod_name: str, container: str | None = None,
-            head_bytes: int = HEAD_BYTES, tail_lines: int = TAIL_LINES) -> Evidence:
+            head_bytes: int = HEAD_BYTES, tail_lines: int = TAIL_LINES, gpu_pods: bool = False) -> Evidence:
+    """The Evidence of one pod: the pod, its crashed container's log, its node, and its events
+    only when they can explain the crash (`events_can_explain`: a kill by signal, a probe, the
+    OOM killer, or no record of the last exit; not an ordinary error exit such as exit 1 with
+    reason Error). `gpu_pods`: also list the other GPU pods on the node (GPU_PODS_ANNOTATION),
+    for a ticket bundle; the diagnosis does not read them, so alerts leave it off."""
     pod = get_pod_or_suggest(api, namespace, pod_name)
     chosen = pick_container(pod, container)
     if chosen is None:
         raise ValueError(f"pod {namespace}/{pod_name} has no containers")
     name = chosen["name"]
     log_text, notes = read_crash_log(api, namespace, pod_name, name, head_bytes, tail_lines)
-    events = sorted(api.list_events(namespace, pod_name),
-                    key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    events: list[dict[str, Any]] = []
+    if events_can_explain(pod, name):
+        events = sorted(api.list_events(namespace, pod_name),
+                        key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
     node = None
     node_name = (pod.get("spec") or {}).get("nodeName")
     if node_name:
-        node, node_notes = node_with_gpu_pods(api, node_name, namespace, pod_name)
+        read = node_with_gpu_pods if gpu_pods else read_node
+        node, node_notes = read(api, node_name, namespace, pod_name)
         notes += node_notes
     return Evidence(log=log_text, pod=pod, node=node, events=events + notes, container=name,
                     source=f"{namespace}/{pod_name}")

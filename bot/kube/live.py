@@ -95,8 +95,9 @@ class LiveCluster:
                     return newest["metadata"]["name"]
             raise gone
 
-    def collect(self, namespace: str, pod: str, container: str | None = None) -> Evidence:
-        return collect(self.api, namespace, pod, container, self.head_bytes, self.tail_lines)
+    def collect(self, namespace: str, pod: str, container: str | None = None, gpu_pods: bool = False) -> Evidence:
+        """bot.kube.collect.collect; `gpu_pods=True` only for a ticket bundle (`vllm-oncall collect`)."""
+        return collect(self.api, namespace, pod, container, self.head_bytes, self.tail_lines, gpu_pods=gpu_pods)
 
     def _workload(self, evidence: Evidence) -> tuple[WorkloadRef, dict[str, Any]]:
         if not evidence.pod:

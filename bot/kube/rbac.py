@@ -8,9 +8,9 @@ from __future__ import annotations
 
 # (apiGroup, resource, verbs). "" is the core group.
 REQUIRED: list[tuple[str, str, tuple[str, ...]]] = [
-    ("", "pods", ("get", "list")),  # the crashed pod; pods of a workload; GPU pods on its node
+    ("", "pods", ("get", "list")),  # the crashed pod; pods of a workload; GPU pods on its node (bundle)
     ("", "pods/log", ("get",)),  # previous and current container logs
-    ("", "events", ("list", "create")),  # the pod's events; the audit Event on the workload
+    ("", "events", ("list", "create")),  # a killed pod's events; the audit Event on the workload
     ("", "nodes", ("get",)),  # GPU labels and capacity
     ("apps", "replicasets", ("get", "list")),  # owner resolution; following a rollout
     ("apps", "deployments", ("get", "patch")),  # read the workload; the approved patch

@@ -57,14 +57,15 @@ def template_hash(pod_spec: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def pod_status(container_name: str, state: str, restarts: int = 0) -> dict[str, Any]:
-    """state: crashloop | ready | starting."""
+def pod_status(container_name: str, state: str, restarts: int = 0, exit_code: int = 1) -> dict[str, Any]:
+    """state: crashloop | ready | starting. A crashloop's last exit is `exit_code` (reason Error,
+    as the kubelet reports both an application's exit 1 and a probe's SIGKILL, 137)."""
     cs: dict[str, Any] = {"name": container_name, "restartCount": restarts, "ready": state == "ready",
                           "image": "vllm/vllm-openai:v0.11.0"}
     if state == "crashloop":
         cs["state"] = {"waiting": {"reason": "CrashLoopBackOff",
                                    "message": f"back-off 5m0s restarting failed container={container_name}"}}
-        cs["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error",
+        cs["lastState"] = {"terminated": {"exitCode": exit_code, "reason": "Error",
                                           "startedAt": "2026-11-30T05:00:00Z",
                                           "finishedAt": "2026-11-30T05:01:30Z"}}
         cs["restartCount"] = max(restarts, 1)
@@ -78,7 +79,8 @@ def pod_status(container_name: str, state: str, restarts: int = 0) -> dict[str, 
 
 
 def start_pod(fake: FakeKube, workload: dict[str, Any], state: str, log: str = "", previous_log: str | None = None,
-              suffix: str = "abcde", node_name: str = "gpu-node-1", restarts: int = 0) -> dict[str, Any]:
+              suffix: str = "abcde", node_name: str = "gpu-node-1", restarts: int = 0,
+              exit_code: int = 1) -> dict[str, Any]:
     """Create the ReplicaSet for the workload's current template (Deployment) and one pod of it."""
     meta = workload["metadata"]
     ns = meta["namespace"]
@@ -109,7 +111,7 @@ def start_pod(fake: FakeKube, workload: dict[str, Any], state: str, log: str = "
     container_name = pod_spec["containers"][0]["name"]
     pod = fake.put({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "ownerReferences": [owner]},
-                    "spec": pod_spec, "status": pod_status(container_name, state, restarts)})
+                    "spec": pod_spec, "status": pod_status(container_name, state, restarts, exit_code)})
     fake.set_log(ns, pod_name, container_name, log, previous=False)
     if previous_log is not None:
         fake.set_log(ns, pod_name, container_name, previous_log, previous=True)
@@ -119,12 +121,17 @@ def start_pod(fake: FakeKube, workload: dict[str, Any], state: str, log: str = "
 def crashing_deployment(fake: FakeKube, name: str = "llama", containers: list[dict[str, Any]] | None = None,
                         previous_log: str = "", labels: dict[str, str] | None = None,
                         annotations: dict[str, str] | None = None, namespace: str = "inference",
-                        events: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A Deployment whose only pod is in CrashLoopBackOff; returns (deployment, pod)."""
+                        events: bool = True, exit_code: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Deployment whose only pod is in CrashLoopBackOff; returns (deployment, pod).
+
+    events: the kubelet's events of a liveness-probe kill (BackOff, Killing); the pod's last exit
+    is then that kill's 137, else an application's exit 1, unless `exit_code` says otherwise."""
+    if exit_code is None:
+        exit_code = 137 if events else 1
     fake.put(node())
     dep = fake.put(deployment(name, containers or [container(args=["--model", "m"])], namespace,
                               labels, annotations))
-    pod = start_pod(fake, dep, "crashloop", previous_log=previous_log, restarts=5)
+    pod = start_pod(fake, dep, "crashloop", previous_log=previous_log, restarts=5, exit_code=exit_code)
     if events:
         for i, (reason, message) in enumerate([("BackOff", "Back-off restarting failed container vllm"),
                                                ("Killing", "Container vllm failed liveness probe")]):

@@ -89,6 +89,7 @@ class Call:
     name: str
     query: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
+    code: int | None = None  # the HTTP status it was answered with
 
 
 # ---- selectors ------------------------------------------------------------------------------
@@ -332,8 +333,21 @@ class FakeKube:
         else:
             verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
         dry_run = query.get("dryRun") == "All"
+        call = Call(verb, group, full_resource, namespace, name, dict(query), dry_run)
         with self.lock:
-            self.calls.append(Call(verb, group, full_resource, namespace, name, dict(query), dry_run))
+            self.calls.append(call)
+        try:
+            answer = self._answer(verb, group, namespace, resource, name, sub, query, body, content_type)
+        except ApiError as err:
+            call.code = err.code
+            raise
+        call.code = answer[0]
+        return answer
+
+    def _answer(self, verb: str, group: str, namespace: str, resource: str, name: str, sub: str,
+                query: dict[str, str], body: bytes, content_type: str) -> tuple[int, Any, dict[str, str]]:
+        full_resource = f"{resource}/{sub}" if sub else resource
+        dry_run = query.get("dryRun") == "All"
         if (group, resource) not in RESOURCES:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         fault = self._fault_for(verb, full_resource)
