@@ -71,12 +71,12 @@ def _split_target(pod: str, namespace: str) -> tuple[str, str]:
     return namespace, pod
 
 
-def _collect(args: argparse.Namespace):
+def _collect(args: argparse.Namespace, gpu_pods: bool = False):
     """The cluster, and the evidence of the pod (or newest crashing pod of the workload) named."""
     cluster = _cluster(args)
     namespace, name = _split_target(args.pod, args.namespace)
     pod = cluster.resolve_pod(namespace, name)
-    return cluster, cluster.collect(namespace, pod, args.container)
+    return cluster, cluster.collect(namespace, pod, args.container, gpu_pods=gpu_pods)
 
 
 @_friendly
@@ -89,7 +89,7 @@ def cmd_why(args: argparse.Namespace) -> int:
         print(f"\nWorkload: {workload.kind} {workload.namespace}/{workload.name} (container {workload.container})")
         if workload.live_patch_blocked:
             print(f"No live patch: {workload.live_patch_blocked}")
-            proposal = cluster.propose(diagnosis, evidence)  # blocked: no API write, not even a dry run
+            proposal = cluster.propose(diagnosis, evidence, workload)  # blocked: no API write, not even a dry run
             if proposal is not None:
                 print(proposal.workload.repository_hint or "")
                 print(proposal.manifest_diff or "")
@@ -103,7 +103,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from bot.kube.collect import write_bundle
     from bot.remedy.ownership import resolve_owner
 
-    cluster, evidence = _collect(args)
+    cluster, evidence = _collect(args, gpu_pods=True)  # a ticket bundle lists the node's other GPU pods
     _, workload = resolve_owner(cluster.api, evidence.pod or {}, evidence.container or "")
     for path in write_bundle(evidence, Path(args.output), workload):
         print(path)
@@ -114,7 +114,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 def cmd_apply(args: argparse.Namespace) -> int:
     cluster, evidence = _collect(args)
     diagnosis = _diagnose(evidence, args)
-    proposal = cluster.propose(diagnosis, evidence)
+    proposal = cluster.propose(diagnosis, evidence, cluster.workload_for(evidence))
     if proposal is None:
         print(f"Nothing to apply: {diagnosis.cause or 'no known cause'} - {diagnosis.title}")
         return 1
