@@ -10,6 +10,7 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
+from bot.app.ports import ClusterPort, IncidentStore
 from bot.cli.books import add_option as add_playbooks_option
 
 # The demo incident: inside an installed wheel (setup.py copies it to bot/_bundled/), else in the checkout.
@@ -106,7 +107,8 @@ def _demo(example: Path, state: Path, approve: bool, books, keep: bool) -> int:
             service.approve(incident.name, DEMO_APPROVER)
             _print_manifest_diff(example / "bundle", state / "cluster", out)
     kept = f"State kept in {state}" if keep else "Temporary state removed (--state-dir DIR keeps it)"
-    out.write(f"\nIncident {incident.name}: {store.get(incident.name).state}. {kept}\n")
+    final = store.get(incident.name) or incident
+    out.write(f"\nIncident {incident.name}: {final.state}. {kept}\n")
     if not approve and incident.state == "proposed":
         out.write("Run `vllm-oncall demo --approve` to see the apply path.\n")
     return 0
@@ -223,8 +225,10 @@ def _one_line_error(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _cluster_and_store(settings, books, client=None):
+def _cluster_and_store(settings, books, client=None) -> tuple[ClusterPort, IncidentStore]:
     """The ClusterPort and IncidentStore the settings name (one API client for both)."""
+    cluster: ClusterPort
+    store: IncidentStore
     from bot.local.store import FolderIncidentStore
 
     if client is None and (settings.cluster_source == "kube" or settings.store == "kube"):

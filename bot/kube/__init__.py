@@ -15,8 +15,16 @@ Entry points for callers (the command line wires them):
 """
 
 from bot.kube.api import KubeApi, api_client_from_environment
-from bot.kube.errors import (KubeConflict, KubeError, KubeForbidden, KubeInvalid, KubeNotFound, KubeUnavailable,
-                             PodGone, PreviousLogGone)
+from bot.kube.errors import (
+                             KubeConflict,
+                             KubeError,
+                             KubeForbidden,
+                             KubeInvalid,
+                             KubeNotFound,
+                             KubeUnavailable,
+                             PodGone,
+                             PreviousLogGone,
+)
 from bot.kube.retry import RetryPolicy, on_retry, retry_count
 
 __all__ = ["KubeApi", "KubeConflict", "KubeError", "KubeForbidden", "KubeInvalid", "KubeNotFound", "KubeUnavailable",

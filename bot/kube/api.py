@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from bot.kube.errors import (KubeConflict, KubeError, KubeForbidden, KubeInvalid, KubeNotFound, KubeUnavailable,
-                             PreviousLogGone)
+from bot.kube.errors import (
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeInvalid,
+    KubeNotFound,
+    KubeUnavailable,
+    PreviousLogGone,
+)
 from bot.kube.retry import RetryPolicy, is_transient
 
 log = logging.getLogger("bot.kube")

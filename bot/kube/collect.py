@@ -27,9 +27,9 @@ from typing import Any
 import yaml
 
 from bot.diagnosis.evidence import pick_container
+from bot.diagnosis.models import Evidence, LogText
 from bot.kube.api import KubeApi
 from bot.kube.errors import KubeError, KubeNotFound, PodGone, PreviousLogGone
-from bot.diagnosis.models import Evidence, LogText
 
 log = logging.getLogger("bot.kube")
 

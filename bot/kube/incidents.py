@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bot.app.incidents import LABEL_PREFIX, GROUP, KIND, PLURAL, VERSION, change_summary, incident_labels, selector_value
+from bot.app.incidents import (
+    GROUP,
+    KIND,
+    LABEL_PREFIX,
+    PLURAL,
+    VERSION,
+    change_summary,
+    incident_labels,
+    selector_value,
+)
 from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident
 from bot.kube.errors import KubeConflict, KubeNotFound
@@ -60,7 +69,7 @@ class KubeIncidentStore:
         self.namespace = namespace
 
     @classmethod
-    def from_environment(cls, namespace: str, context: str | None = None) -> "KubeIncidentStore":
+    def from_environment(cls, namespace: str, context: str | None = None) -> KubeIncidentStore:
         from bot.kube.api import KubeApi, api_client_from_environment
 
         return cls(KubeApi(api_client_from_environment(context)), namespace)

@@ -7,20 +7,21 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
-from bot.remedy import changes as ch
-from bot.remedy import plan
+from bot.app.records import ApplyResult, Verification
+from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.kube.api import KubeApi, api_client_from_environment
 from bot.kube.collect import HEAD_BYTES, TAIL_LINES, age_key, collect, get_pod_or_suggest
 from bot.kube.errors import KubeConflict, KubeError, KubeInvalid, PodGone
 from bot.kube.retry import RetryPolicy
 from bot.kube.verify import follow_rollout, pod_state, selector_string
-from bot.remedy.ownership import resolve_owner
-from bot.diagnosis.models import DiagnosisResult, Evidence
-from bot.app.records import ApplyResult, Verification
+from bot.remedy import changes as ch
+from bot.remedy import plan
 from bot.remedy.models import Proposal, WorkloadRef
+from bot.remedy.ownership import resolve_owner
 
 log = logging.getLogger("bot.kube")
 
@@ -72,7 +73,7 @@ class LiveCluster:
 
     @classmethod
     def from_environment(cls, name: str = "default", context: str | None = None, kubeconfig: str | None = None,
-                         retry: RetryPolicy | None = None, **kwargs: Any) -> "LiveCluster":
+                         retry: RetryPolicy | None = None, **kwargs: Any) -> LiveCluster:
         """In-cluster service account, else kubeconfig (KUBECONFIG or ~/.kube/config, or `kubeconfig`)."""
         return cls(KubeApi(api_client_from_environment(context, kubeconfig), retry=retry), name=name, **kwargs)
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from bot.remedy import changes as ch
+from bot.app.records import Verification
+from bot.diagnosis.diagnose import diagnose as default_diagnose
+from bot.diagnosis.logfacts import PATTERNS
 from bot.kube.api import KubeApi
 from bot.kube.collect import age_key, collect, read_head_and_tail
-from bot.diagnosis.logfacts import PATTERNS
-from bot.app.records import Verification
+from bot.remedy import changes as ch
 from bot.remedy.models import WorkloadRef
 
 log = logging.getLogger("bot.kube")
@@ -158,9 +160,7 @@ def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, poll_
                                     message=f"new pod {name}{where} is Ready: {figures}")
             if state == "crashed":
                 evidence = collect(api, ref.namespace, name, ref.container)
-                if diagnose is None:
-                    from bot.diagnosis.diagnose import diagnose
-                result = diagnose(evidence)
+                result = (diagnose or default_diagnose)(evidence)
                 return Verification(outcome="crashed", pod=name, diagnosis=result,
                                     message=f"new pod {name}{where} crashed again: {result.title}")
         if clock() >= deadline:

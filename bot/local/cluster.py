@@ -20,14 +20,14 @@ from typing import Any
 import jsonpatch
 import yaml
 
-from bot.remedy import changes as ch
-from bot.diagnosis.evidence import load_bundle
-from bot.remedy import plan
-from bot.remedy.ownership import PATCHABLE, controller_of, foreign_controller_ref, resolve_owner, with_gitops
-from bot.diagnosis.models import DiagnosisResult, Evidence
-from bot.app.records import ApplyResult, Verification
 from bot.app.ports import PodNotFound
+from bot.app.records import ApplyResult, Verification
+from bot.diagnosis.evidence import load_bundle
+from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.remedy import changes as ch
+from bot.remedy import plan
 from bot.remedy.models import Proposal, WorkloadRef
+from bot.remedy.ownership import PATCHABLE, controller_of, foreign_controller_ref, resolve_owner, with_gitops
 
 MANIFEST_NAMES = ("deployment.yaml", "statefulset.yaml", "workload.yaml", "manifest.yaml")
 
