@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test eval bench tools alertmanager promtool wheel clean
+.PHONY: demo test lint eval bench tools alertmanager promtool wheel clean
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ promtool:
 
 test: $(BIN)/.installed tools
 	$(BIN)/python -m pytest
+
+# The static checks CI runs before the tests: the layer contracts (.importlinter), ruff, mypy.
+lint: $(BIN)/.installed
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/ruff check bot tests benchmarks
+	$(BIN)/mypy
 
 # The wheel (with the playbooks and the demo incident inside) in dist/.
 wheel: $(BIN)/.installed

@@ -33,17 +33,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the stand-ins live in tests/
 
 
-from bot.kube.incidents import KubeIncidentStore
-from bot.kube.api import KubeApi  # noqa: E402
-from bot.kube.live import LiveCluster  # noqa: E402
-from bot.kube.retry import RetryPolicy  # noqa: E402
-from bot.http.server import BotServer  # noqa: E402
-from bot.app.service import OncallService, Policy  # noqa: E402
-from bot.slack.chat import SlackChat, make_client  # noqa: E402
-from kubeapi.objects import container, crashing_deployment, start_pod  # noqa: E402
 from kubeapi import server as kubeapi_server  # noqa: E402
+from kubeapi.objects import container, crashing_deployment, start_pod  # noqa: E402
 from kubeapi.server import FakeKube  # noqa: E402
 from slackapi import SlackStandIn  # noqa: E402
+
+from bot.app.service import OncallService, Policy  # noqa: E402
+from bot.http.server import BotServer  # noqa: E402
+from bot.kube.api import KubeApi  # noqa: E402
+from bot.kube.incidents import KubeIncidentStore  # noqa: E402
+from bot.kube.live import LiveCluster  # noqa: E402
+from bot.kube.retry import RetryPolicy  # noqa: E402
+from bot.slack.chat import SlackChat, make_client  # noqa: E402
 
 LOG = (ROOT / "examples" / "incident" / "bundle" / "previous.log").read_text()
 
@@ -102,7 +103,7 @@ def latency_run(n: int, workers: int) -> list[float]:
         for workload, pods in world.pods.items():
             start = time.monotonic()
             world.send(pods[0])
-            if not world.slack.wait_for(lambda: world.posts_for(workload), timeout=60):
+            if not world.slack.wait_for(lambda w=workload: world.posts_for(w), timeout=60):
                 raise SystemExit(f"no message for {workload} within 60 s")
             seconds.append(world.posts_for(workload)[0].at - start)
         return seconds

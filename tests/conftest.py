@@ -1,15 +1,16 @@
-"""Shared test helpers: where the shared corpus is, and how to write a bundle."""
+"""Fixtures shared by every test folder, and the stand-ins registered as pytest plugins:
+`kube_api` (the Kubernetes API's wire format, tests/kubeapi) and `slack` (Slack's Web API,
+tests/slackapi). Builders for evidence live in tests/builders.py, port-level fakes in
+tests/fakes.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import yaml
+from builders import SHARED_CORPUS
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_CORPUS = ROOT.parent / "shared" / "corpus"
-FIXTURE_BUNDLES = ROOT / "tests" / "fixtures" / "bundles"
+pytest_plugins = ["kubeapi.plugin", "slackapi.plugin"]
 
 
 @pytest.fixture
@@ -17,54 +18,3 @@ def corpus_dir() -> Path:
     if not SHARED_CORPUS.is_dir():
         pytest.skip(f"shared corpus not present at {SHARED_CORPUS}")
     return SHARED_CORPUS
-
-
-def write_bundle(folder: Path, log: str | bytes, pod: dict | None = None, node: dict | None = None,
-                 events: list | None = None) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    data = log.encode() if isinstance(log, str) else log
-    (folder / "previous.log").write_bytes(data)
-    if pod is not None:
-        (folder / "pod.yaml").write_text(yaml.safe_dump(pod))
-    if node is not None:
-        (folder / "node.yaml").write_text(yaml.safe_dump(node))
-    if events is not None:
-        (folder / "events.yaml").write_text(yaml.safe_dump({"items": events}))
-    return folder
-
-
-def make_pod(command=None, args=None, gpus="1", memory="64Gi", exit_code=1, reason="Error", volumes=None,
-             mounts=None, liveness=None, startup=None, env=None, name="vllm-abc-123", owner="vllm-abc") -> dict:
-    container = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
-                 "resources": {"limits": {"nvidia.com/gpu": gpus, "memory": memory}}}
-    if command is not None:
-        container["command"] = command
-    if args is not None:
-        container["args"] = args
-    if mounts:
-        container["volumeMounts"] = mounts
-    if liveness:
-        container["livenessProbe"] = liveness
-    if startup:
-        container["startupProbe"] = startup
-    if env:
-        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "inference",
-                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
-                                          "controller": True, "uid": "u"}]},
-        "spec": {"nodeName": "gpu-node-1", "containers": [container], "volumes": volumes or []},
-        "status": {"containerStatuses": [{"name": "vllm", "restartCount": 4, "ready": False,
-                                          "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                                          "lastState": {"terminated": {"exitCode": exit_code, "reason": reason}}}]},
-    }
-
-
-def make_node(product="NVIDIA-L4", memory_mib=23034, count=1, allocatable_memory="251Gi") -> dict:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "gpu-node-1", "labels": {"nvidia.com/gpu.product": product,
-                                                          "nvidia.com/gpu.memory": str(memory_mib),
-                                                          "nvidia.com/gpu.count": str(count)}},
-            "status": {"capacity": {"nvidia.com/gpu": str(count)},
-                       "allocatable": {"nvidia.com/gpu": str(count), "memory": allocatable_memory}}}

@@ -1,6 +1,6 @@
 """Every Kubernetes permission the bot uses, in one place.
 
-deploy/rbac.yaml grants exactly these; tests/test_rbac.py checks both that the manifests match
+deploy/base/rbac.yaml grants exactly these; tests/kube/test_rbac.py checks both that the manifests match
 this list and that every call the code makes against the API stand-in is in it.
 """
 

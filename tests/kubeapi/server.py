@@ -25,10 +25,11 @@ import copy
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
@@ -52,7 +53,7 @@ SCHEMA_VERSION = "1.33"
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ApiError(Exception):
@@ -187,7 +188,7 @@ class FakeKube:
         self.thread: threading.Thread | None = None
 
     # -- lifecycle
-    def start(self) -> "FakeKube":
+    def start(self) -> FakeKube:
         fake = self
 
         class Handler(_Handler):
@@ -434,17 +435,17 @@ class FakeKube:
                 # what kube-apiserver answers when a `test` op does not hold
                 raise ApiError(422, "Invalid", f'{plural} "{name}" is invalid: the server rejected our request '
                                f'due to an error in our request: testing value failed: {exc}',
-                               {"name": name, "causes": [{"reason": "FieldValueInvalid", "message": str(exc)}]})
+                               {"name": name, "causes": [{"reason": "FieldValueInvalid", "message": str(exc)}]}) from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                raise ApiError(422, "Invalid", f'{plural} "{name}" is invalid: {exc}', {"name": name})
+                raise ApiError(422, "Invalid", f'{plural} "{name}" is invalid: {exc}', {"name": name}) from None
         elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             if not isinstance(patch, dict):
                 raise ApiError(400, "BadRequest", "merge patch must be a JSON object")
             new = merge_patch(current, patch)
         else:
-            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
-                           f"accepted media types include: application/json-patch+json, "
-                           f"application/merge-patch+json, application/apply-patch+yaml")
+            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                           "accepted media types include: application/json-patch+json, "
+                           "application/merge-patch+json, application/apply-patch+yaml")
         sent_rv = (new.get("metadata") or {}).get("resourceVersion")
         if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
             raise _conflict(plural, name)
@@ -546,7 +547,7 @@ def _json_body(body: bytes) -> Any:
     try:
         return json.loads(body or b"null")
     except json.JSONDecodeError as exc:
-        raise ApiError(400, "BadRequest", f"the body of the request was not valid JSON: {exc}")
+        raise ApiError(400, "BadRequest", f"the body of the request was not valid JSON: {exc}") from None
 
 
 def _parse_path(path: str) -> tuple[str, str, str, str, str, str]:

@@ -12,9 +12,10 @@ import itertools
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
 
@@ -48,16 +49,16 @@ class SlackStandIn:
 
     # ---- control ------------------------------------------------------------------------
 
-    def start(self) -> "SlackStandIn":
+    def start(self) -> SlackStandIn:
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
             disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between headers and body
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 standin._handle(self)
 
-            do_GET = do_POST  # noqa: N815
+            do_GET = do_POST
 
             def log_message(self, *args: Any) -> None:
                 pass

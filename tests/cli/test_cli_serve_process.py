@@ -1,0 +1,88 @@
+"""`vllm-oncall serve` as a real process: settings -> wiring -> HTTP server -> Slack stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from slackapi import SlackStandIn
+
+from bot.cli.serve import build_server
+from bot.cli.settings import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def env_for(slack: SlackStandIn, tmp_path: Path, port: int) -> dict[str, str]:
+    return {"VLLM_ONCALL_CLUSTER": "serve-test", "SLACK_BOT_TOKEN": "xoxb-serve", "SLACK_SIGNING_SECRET": "s3",
+            "SLACK_API_URL": slack.url, "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0A",
+            "VLLM_ONCALL_LISTEN": f"127.0.0.1:{port}", "VLLM_ONCALL_ALERT_TOKEN": "tok",
+            "VLLM_ONCALL_STORE": "folder", "VLLM_ONCALL_STATE_DIR": str(tmp_path / "state"),
+            "VLLM_ONCALL_CLUSTER_SOURCE": "local",
+            "VLLM_ONCALL_BUNDLE_DIR": str(ROOT / "examples" / "incident" / "bundle")}
+
+
+def test_serve_process_takes_an_alert_to_slack(slack, tmp_path):
+    port = free_port()
+    env = {**os.environ, **env_for(slack, tmp_path, port)}
+    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert slack.wait_for(lambda: get(base + "/readyz")[0] == 200, 30), "never became ready"
+        assert get(base + "/healthz") == (200, "ok\n")
+        body = (ROOT / "examples" / "incident" / "alert.json").read_bytes()
+        req = urllib.request.Request(base + "/alerts", data=body, headers={"Authorization": "Bearer tok",
+                                                                           "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert json.loads(r.read())["accepted"] == 1
+        assert slack.wait_for(lambda: len(slack.posts()) == 1, 30)
+        assert "serve-test" in json.dumps(slack.posts()[0].params["blocks"])
+        assert slack.delivered("auth.test"), "readiness asked Slack"
+        # the stand-in records the post before the bot has read Slack's answer and counted it
+        assert slack.wait_for(lambda: "vllm_oncall_incidents_posted_total 1.0" in get(base + "/metrics")[1], 30)
+        assert get(base + "/metrics")[0] == 200
+        proc.terminate()  # SIGTERM, as Kubernetes sends it
+        assert proc.wait(15) == 0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_socket_mode_is_chosen_by_the_app_token(slack, tmp_path):
+    env = {**env_for(slack, tmp_path, 0), "SLACK_APP_TOKEN": "xapp-1-test"}
+    server, socket_handler = build_server(load_settings(env))
+    try:
+        assert socket_handler is not None and server.bolt_app is None  # Slack events come over the socket
+    finally:
+        server.stop()
+    server, socket_handler = build_server(load_settings(env_for(slack, tmp_path, 0)))
+    try:
+        assert socket_handler is None and server.bolt_app is not None  # HTTP: /slack/events
+    finally:
+        server.stop()

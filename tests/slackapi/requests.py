@@ -1,0 +1,34 @@
+"""What Slack sends the bot: signed requests and button-click payloads, built like Slack builds them."""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import urlencode
+
+from slack_sdk.signature import SignatureVerifier
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+CHANNEL = "C0ALERTS"
+
+
+def signed_headers(body: str, secret: str = SECRET, timestamp: int | None = None) -> dict[str, list[str]]:
+    ts = str(timestamp if timestamp is not None else int(time.time()))
+    signature = SignatureVerifier(secret).generate_signature(timestamp=ts, body=body)
+    return {"content-type": ["application/x-www-form-urlencoded"], "x-slack-signature": [signature],
+            "x-slack-request-timestamp": [ts]}
+
+
+def click_payload(action_id: str, incident: str, user: str, ts: str, channel: str = CHANNEL) -> dict:
+    return {"type": "block_actions", "api_app_id": "A0APP", "team": {"id": "T0STANDIN", "domain": "standin"},
+               "user": {"id": user, "team_id": "T0STANDIN", "username": user.lower()},
+               "channel": {"id": channel, "name": "inference-oncall"},
+               "container": {"type": "message", "message_ts": ts, "channel_id": channel, "is_ephemeral": False},
+               "message": {"type": "message", "ts": ts, "text": "incident"},
+               "trigger_id": "4.5.6", "response_url": "https://hooks.slack.invalid/actions/1",
+               "actions": [{"action_id": action_id, "block_id": "decision", "value": incident, "type": "button",
+                            "action_ts": str(time.time())}]}
+
+
+def click_body(action_id: str, incident: str, user: str, ts: str, channel: str = CHANNEL) -> str:
+    return urlencode({"payload": json.dumps(click_payload(action_id, incident, user, ts, channel))})
