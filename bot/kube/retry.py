@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import tenacity
 import urllib3
 from kubernetes.client.exceptions import ApiException
+
+from bot.app.retrying import RetryEvent
+from bot.app.retrying import RetryPolicy as SharedRetryPolicy
 
 log = logging.getLogger("bot.kube")
 T = TypeVar("T")
@@ -65,47 +66,25 @@ def retry_after_seconds(exc: BaseException) -> float | None:
     return None
 
 
-@dataclass
-class RetryPolicy:
-    """attempts: total tries. Backoff: exponential from `initial`, capped at `maximum`, with jitter.
-    A 429's Retry-After is honoured (capped at `max_retry_after`). `sleep` is injectable so tests
-    can record waits instead of sleeping."""
-
-    attempts: int = 5
-    initial: float = 0.5
-    maximum: float = 10.0
-    jitter: float = 0.5
-    max_retry_after: float = 60.0
-    sleep: Callable[[float], None] = field(default=None)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.sleep is None:
-            import time
-
-            self.sleep = time.sleep
+class RetryPolicy(SharedRetryPolicy):
+    """The shared policy (bot.app.retrying), with what the Kubernetes API may retry: 429
+    (honouring Retry-After, capped), 5xx, timeouts and dropped connections. Every retry is
+    logged and counted; a capped Retry-After says so."""
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        backoff = tenacity.wait_exponential_jitter(multiplier=self.initial, max=self.maximum, jitter=self.jitter)
-
-        def wait(state: tenacity.RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            after = retry_after_seconds(exc) if exc else None
-            return min(after, self.max_retry_after) if after is not None else backoff(state)
-
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            status = getattr(exc, "status", None)
+        def on_retry(event: RetryEvent) -> None:
+            status = getattr(event.error, "status", None)
             _count(what, status)
-            log.warning("kubernetes %s failed (%s), retry %d/%d in %.2fs", what,
-                        status or type(exc).__name__, state.attempt_number, self.attempts - 1,
-                        state.next_action.sleep if state.next_action else 0.0)
+            capped = f" (Retry-After {event.retry_after:.0f}s capped)" if event.capped else ""
+            log.warning("kubernetes %s failed (%s), retry %d/%d in %.2fs%s", what,
+                        status or type(event.error).__name__, event.attempt, event.attempts - 1,
+                        event.wait_seconds, capped)
 
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.attempts),
-            wait=wait,
-            retry=tenacity.retry_if_exception(is_transient),
-            before_sleep=before_sleep,
-            sleep=self.sleep,
-            reraise=True,
-        )
-        return retrying(fn, *args, **kwargs)
+        return self.run(fn, *args, reason_of=_reason, retry_after_of=retry_after_seconds, on_retry=on_retry,
+                        **kwargs)
+
+
+def _reason(exc: BaseException) -> str | None:
+    if not is_transient(exc):
+        return None
+    return f"http_{exc.status}" if isinstance(exc, ApiException) else type(exc).__name__

@@ -10,7 +10,6 @@ unposted in the store and the sweeper posts it once Slack answers again.
 from __future__ import annotations
 
 import logging
-import random
 import socket
 import time
 import urllib.error
@@ -19,11 +18,11 @@ from typing import Any
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from bot.app.metrics import Metrics
 from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
+from bot.app.retrying import RetryEvent, RetryPolicy
 from bot.slack.blocks import incident_message, note_message
 
 log = logging.getLogger(__name__)
@@ -79,33 +78,22 @@ class SlackChat:
         self.client = client
         self.default_channel = default_channel
         self.metrics = metrics or Metrics()
-        self.max_attempts = max_attempts
-        self.max_retry_after_seconds = max_retry_after_seconds
-        self.backoff_seconds = backoff_seconds
-        self.sleep = sleep  # injectable so a test can see the waits without waiting
+        # The shared policy; `sleep` is injectable so a test can see the waits without waiting.
+        self.retries = RetryPolicy(attempts=max_attempts, initial=backoff_seconds, maximum=10, jitter=0.1,
+                                   max_retry_after=max_retry_after_seconds, sleep=sleep)
 
     # ---- the one place every Web API call goes through ----------------------------------
 
     def call(self, method: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
-        def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            after = retry_after_seconds(exc) if exc else None
-            if after is not None:
-                return min(after, self.max_retry_after_seconds)
-            return min(self.backoff_seconds * 2 ** (state.attempt_number - 1), 10) + random.uniform(0, 0.1)
+        def on_retry(event: RetryEvent) -> None:
+            self.metrics.slack_retries.labels(method, event.reason).inc()
+            capped = f" (Retry-After {event.retry_after:.0f}s capped)" if event.capped else ""
+            log.warning("Slack %s failed (%s: %s), retry %d of %d%s", method, event.reason, event.error,
+                        event.attempt, event.attempts - 1, capped)
 
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            reason = retry_reason(method, exc) if exc else "unknown"
-            self.metrics.slack_retries.labels(method, reason or "unknown").inc()
-            log.warning("Slack %s failed (%s: %s), retry %d of %d", method, reason, exc,
-                        state.attempt_number, self.max_attempts - 1)
-
-        retrying = Retrying(stop=stop_after_attempt(self.max_attempts), wait=wait,
-                            retry=retry_if_exception(lambda e: retry_reason(method, e) is not None),
-                            before_sleep=before_sleep, sleep=self.sleep, reraise=True)
         try:
-            return retrying(fn, **kwargs)
+            return self.retries.run(fn, reason_of=lambda exc: retry_reason(method, exc),
+                                    retry_after_of=retry_after_seconds, on_retry=on_retry, **kwargs)
         except (SlackApiError, OSError) as exc:
             self.metrics.slack_failures.labels(method).inc()
             detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc

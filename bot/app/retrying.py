@@ -1,0 +1,72 @@
+"""One bounded retry policy for every adapter that talks to a remote API (Kubernetes, Slack).
+
+Each adapter says which failures may be retried and why (`reason_of`), where the server asked
+for a pause (`retry_after_of`: a 429's Retry-After), and how a retry is logged and counted
+(`on_retry`). The policy owns the rest: how many attempts, exponential backoff with jitter, and
+a cap on any Retry-After, so a server asking for an hour never stalls the bot for an hour.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import tenacity
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryEvent:
+    """One retry about to happen: what failed, why it may be retried, and the wait."""
+
+    error: BaseException
+    reason: str
+    attempt: int  # the attempt that just failed, from 1
+    attempts: int  # the policy's total
+    wait_seconds: float
+    retry_after: float | None  # what the server asked for, before the cap
+
+    @property
+    def capped(self) -> bool:
+        return self.retry_after is not None and self.retry_after > self.wait_seconds
+
+
+@dataclass
+class RetryPolicy:
+    """attempts: total tries. Backoff: exponential from `initial`, capped at `maximum`, plus up to
+    `jitter` seconds. A server's Retry-After is honoured up to `max_retry_after`. `sleep` is
+    injectable so tests can record waits instead of sleeping."""
+
+    attempts: int = 5
+    initial: float = 0.5
+    maximum: float = 10.0
+    jitter: float = 0.5
+    max_retry_after: float = 60.0
+    sleep: Callable[[float], None] = field(default=time.sleep)
+
+    def run(self, fn: Callable[..., T], *args: Any, reason_of: Callable[[BaseException], str | None],
+            retry_after_of: Callable[[BaseException], float | None] = lambda exc: None,
+            on_retry: Callable[[RetryEvent], None] = lambda event: None, **kwargs: Any) -> T:
+        """fn(*args, **kwargs), retried while `reason_of(error)` names a reason; the last error is raised."""
+        backoff = tenacity.wait_exponential_jitter(multiplier=self.initial, max=self.maximum, jitter=self.jitter)
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            after = retry_after_of(exc) if exc else None
+            return min(after, self.max_retry_after) if after is not None else backoff(state)
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            assert exc is not None
+            on_retry(RetryEvent(error=exc, reason=reason_of(exc) or "unknown", attempt=state.attempt_number,
+                                attempts=self.attempts,
+                                wait_seconds=state.next_action.sleep if state.next_action else 0.0,
+                                retry_after=retry_after_of(exc)))
+
+        retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(self.attempts), wait=wait,
+                                     retry=tenacity.retry_if_exception(lambda e: reason_of(e) is not None),
+                                     before_sleep=before_sleep, sleep=self.sleep, reraise=True)
+        return retrying(fn, *args, **kwargs)

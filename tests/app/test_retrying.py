@@ -1,0 +1,64 @@
+"""The one retry policy both adapters use: bounded, Retry-After honoured up to a cap, every retry reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.app.retrying import RetryEvent, RetryPolicy
+
+
+class Busy(Exception):
+    def __init__(self, retry_after: float | None = None):
+        super().__init__("busy")
+        self.retry_after = retry_after
+
+
+class Refused(Exception):
+    pass
+
+
+def flaky(failures: list[BaseException]):
+    calls = []
+
+    def fn():
+        calls.append(1)
+        if failures:
+            raise failures.pop(0)
+        return "ok"
+    return fn, calls
+
+
+def policy(waits: list[float], **kw) -> RetryPolicy:
+    return RetryPolicy(sleep=waits.append, jitter=0, **kw)
+
+
+def reason_of(exc: BaseException) -> str | None:
+    return "busy" if isinstance(exc, Busy) else None
+
+
+def test_a_retry_after_longer_than_the_cap_waits_the_cap_and_says_so():
+    waits: list[float] = []
+    events: list[RetryEvent] = []
+    fn, calls = flaky([Busy(retry_after=3600), Busy(retry_after=2)])
+    result = policy(waits, max_retry_after=60).run(fn, reason_of=reason_of,
+                                                   retry_after_of=lambda e: getattr(e, "retry_after", None),
+                                                   on_retry=events.append)
+    assert result == "ok" and len(calls) == 3
+    assert waits == [60, 2]
+    assert [(e.reason, e.attempt, e.capped) for e in events] == [("busy", 1, True), ("busy", 2, False)]
+
+
+def test_backoff_grows_and_the_attempts_are_bounded():
+    waits: list[float] = []
+    fn, calls = flaky([Busy() for _ in range(10)])
+    with pytest.raises(Busy):
+        policy(waits, attempts=4, initial=0.5, maximum=1.5).run(fn, reason_of=reason_of)
+    assert len(calls) == 4 and waits == [0.5, 1.0, 1.5]
+
+
+def test_a_failure_that_may_not_be_retried_is_raised_at_once():
+    waits: list[float] = []
+    fn, calls = flaky([Refused()])
+    with pytest.raises(Refused):
+        policy(waits).run(fn, reason_of=reason_of)
+    assert len(calls) == 1 and waits == []
