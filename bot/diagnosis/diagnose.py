@@ -12,9 +12,8 @@ import logging
 import re
 import string
 from collections.abc import Iterable
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 from bot.diagnosis import cmdline, levers, render
 from bot.diagnosis.catalogue import CatalogueError, load_bundle_config
@@ -71,9 +70,13 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
             continue
         problem = levers.software_problem(memory, signals)
         if problem:
-            changes, arithmetic, note, cautions, advice = [], [problem], None, [], ""
+            fixed: FixResult = ([], [problem], None, [], "")
         else:
-            changes, arithmetic, note, cautions, advice = _first_fix(book, ctx)
+            fixed = _first_fix(book, ctx)
+        changes, arithmetic, note, cautions, advice = fixed
+        weights = memory.weights_gib()
+        if weights is not None and signals.get("weights_estimate_gib") is not None:
+            signals.values["weights_estimate_gib"] = round(weights[0], 1)  # one weights figure per message
         picture = "\n\n".join(p for p in (base["memory_picture"], render.budget_picture(memory, bool(changes))) if p)
         new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
         return DiagnosisResult(

@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bot.diagnosis import levers
 from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.evidence import format_gib_quantity, parse_quantity, pick_container
-from bot.diagnosis import levers
 from bot.diagnosis.levers import MARGIN_GIB, MemoryModel
 from bot.diagnosis.logfacts import LogFacts
 from bot.diagnosis.models import NodeView, PodView

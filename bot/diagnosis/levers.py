@@ -204,8 +204,11 @@ def try_lever(model: MemoryModel, lever: str, margin: float = MARGIN_GIB, shorte
               **update: Any) -> Considered | None:
     """Fit one candidate; with `shorten`, a KV shortfall is met by --max-model-len down to what fits."""
     fit = model.fit(**update)
-    if not fit.fits and shorten and fit.first_failure == "kv_sizing" and fit.max_len_that_fits:
-        length = fit.max_len_that_fits // 1024 * 1024 if fit.max_len_that_fits >= 8192 else fit.max_len_that_fits
+    per_token = fit.figures.get("kv_bytes_per_token")
+    if not fit.fits and shorten and fit.first_failure == "kv_sizing" and fit.max_len_that_fits and per_token \
+            and fit.kv_available_gib is not None:
+        tokens = int((fit.kv_available_gib - margin) * 2**30 / per_token.value)  # keep the margin free
+        length = tokens // 1024 * 1024 if tokens >= 8192 else tokens // 256 * 256
         if length >= 2048:
             fit = model.fit(**update, max_model_len=length)
             lever += f" with --max-model-len {length}"

@@ -153,11 +153,11 @@ def budget_picture(model: MemoryModel | None, proposed: bool) -> str:
     chosen = model.chosen if proposed else None
     rows = ["weights per GPU", "KV cache", "tokens that fit", "verdict"]
     before, after = _column(base), _column(chosen.fit) if chosen is not None else None
-    lines.append(f"  {'budget per GPU':<18}{'as it ran':<32}{'with the change' if after else ''}")
+    lines.append(f"  {'budget per GPU':<18}{'as it ran':<38}{'with the change' if after else ''}".rstrip())
     for i, name in enumerate(rows):
-        lines.append(f"  {name:<18}{before[i]:<32}{after[i] if after else ''}".rstrip())
+        lines.append(f"  {name:<18}{before[i]:<38}{after[i] if after else ''}".rstrip())
     if chosen is not None:
-        from bot.diagnosis.levers import what_fits  # noqa: PLC0415 (render stays importable without the model)
+        from bot.diagnosis.levers import what_fits
         table = what_fits(model)
         if table:
             lines.append(f"What fits ({chosen.lever}):")

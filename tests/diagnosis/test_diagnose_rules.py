@@ -13,7 +13,7 @@ def changes_of(result):
 
 
 def test_weights_too_big_on_a_pod_that_already_has_the_gpus(tmp_path):
-    """TP 1 on an 8-GPU pod: raise TP only; the GPU limit needs no change."""
+    """TP 1 on an 8-GPU pod: raise TP; the GPU limit needs no change; /dev/shm comes with TP > 1 (issue 12)."""
     log = ('  File "/usr/lib/python3/dist-packages/vllm/model_executor/models/qwen2.py", line 300, in __init__\n'
            "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB. GPU 0 has a total capacty of "
            "79.33 GiB of which 500.00 MiB is free. Of the allocated memory 78.33 GiB is allocated by PyTorch, and 10.00 MiB "
@@ -21,7 +21,7 @@ def test_weights_too_big_on_a_pod_that_already_has_the_gpus(tmp_path):
     pod = make_pod(command=["vllm", "serve"], args=["Qwen/Qwen2-72B-Instruct"], gpus="8")
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-A100-SXM4-80GB", 81920, 8))))
     assert result.cause == "weights-exceed-gpu"
-    assert changes_of(result) == {("flag", "--tensor-parallel-size"): ("1", "4")}
+    assert changes_of(result) == {("flag", "--tensor-parallel-size"): ("1", "4"), ("volume", "/dev/shm"): (None, "4Gi")}
     assert result.command_after == ["vllm", "serve", "Qwen/Qwen2-72B-Instruct", "--tensor-parallel-size", "4"]
 
 
