@@ -74,10 +74,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         else:
             fixed = _first_fix(book, ctx)
         changes, arithmetic, note, cautions, advice = fixed
-        weights = memory.weights_gib()
-        if weights is not None and signals.get("weights_estimate_gib") is not None:
-            signals.values["weights_estimate_gib"] = round(weights[0], 1)  # one weights figure per message
-        picture = "\n\n".join(p for p in (base["memory_picture"], render.budget_picture(memory, bool(changes))) if p)
+        picture = _picture(memory, signals, base["memory_picture"], bool(changes))
         new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
         return DiagnosisResult(
             cause=book.id,
@@ -140,6 +137,14 @@ def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str
     if ok and cond.signal in signals.lines:
         matched.append(signals.lines[cond.signal])
     return ok
+
+
+def _picture(memory: levers.MemoryModel, signals: Signals, picture: str, proposed: bool) -> str:
+    """The log's memory picture, then the budget's; one weights figure (the budget's) in the whole message."""
+    weights = memory.weights_gib()
+    if weights is not None and signals.get("weights_estimate_gib") is not None:
+        signals.values["weights_estimate_gib"] = round(weights[0], 1)
+    return "\n\n".join(p for p in (picture, render.budget_picture(memory, proposed)) if p)
 
 
 def _bundle_config(evidence: Evidence) -> dict[str, Any] | None:
