@@ -12,9 +12,11 @@ import logging
 import re
 import string
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from bot.diagnosis import cmdline, render
+from bot.diagnosis import cmdline, levers, render
+from bot.diagnosis.catalogue import CatalogueError, load_bundle_config
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, run_formula
 from bot.diagnosis.logfacts import LogFacts, extract
@@ -40,14 +42,16 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
     container = pod.container
     parsed = cmdline.parse(container.command if container else None, container.args if container else None)
     signals = compute(facts, pod, node, parsed)
-    ctx = Context(signals=signals, facts=facts, cmd=parsed, pod=pod, node=node, raw_pod=evidence.pod)
+    memory = levers.build(facts, signals, parsed, evidence.pod, evidence.node, container.name if container else None,
+                          _bundle_config(evidence))
+    ctx = Context(signals=signals, facts=facts, cmd=parsed, pod=pod, node=node, raw_pod=evidence.pod, memory=memory)
 
     base = dict(
         container=container.name if container else None,
         pod=pod.name or None,
         namespace=pod.namespace or None,
         node=pod.node_name or node.name,
-        gpu=gpu_summary(node),
+        gpu=_gpu_line(memory, node),
         restarts=container.restart_count if container else None,
         command_before=parsed.argv(),
         memory_picture=render.memory_picture(signals),
@@ -64,7 +68,13 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         matched_lines: list[str] = []
         if not all(_holds(c, signals, facts, matched_lines) for c in book.when):
             continue
-        changes, arithmetic, note, cautions = _first_fix(book, ctx)
+        problem = levers.software_problem(memory, signals)
+        if problem:
+            fixed: FixResult = ([], [problem], None, [], "")
+        else:
+            fixed = _first_fix(book, ctx)
+        changes, arithmetic, note, cautions, advice = fixed
+        picture = _picture(memory, signals, base["memory_picture"], bool(changes))
         new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
         return DiagnosisResult(
             cause=book.id,
@@ -74,7 +84,8 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
             changes=changes,
             confidence=("medium" if cautions and book.confidence == "high" else book.confidence) if changes else "low",
             command_after=list(new_command or []) + list(new_args or []),
-            **base,
+            advice=advice,
+            **{**base, "memory_picture": picture},
         )
 
     return _unknown(facts, signals, base)
@@ -128,9 +139,41 @@ def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str
     return ok
 
 
-def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], str | None, list[str]]:
-    """The first fix whose values can all be computed; else no change, with the reasons known."""
+def _picture(memory: levers.MemoryModel, signals: Signals, picture: str, proposed: bool) -> str:
+    """The log's memory picture, then the budget's; one weights figure (the budget's) in the whole message."""
+    weights = memory.weights_gib()
+    if weights is not None and signals.get("weights_estimate_gib") is not None:
+        signals.values["weights_estimate_gib"] = round(weights[0], 1)
+    return "\n\n".join(p for p in (picture, render.budget_picture(memory, proposed)) if p)
+
+
+def _bundle_config(evidence: Evidence) -> dict[str, Any] | None:
+    """A config.json beside the bundle's log (the model's shape when the catalogue does not know it)."""
+    folder = Path(evidence.source) if evidence.source else None
+    if folder is None or not folder.is_dir():
+        return None
+    try:
+        return load_bundle_config(folder)
+    except CatalogueError as exc:
+        log.warning("%s", exc)
+        return None
+
+
+def _gpu_line(memory: levers.MemoryModel, node: Any) -> str | None:
+    """The GPUs granted beside the node's: '1 of 8 x NVIDIA-H100-80GB-HBM3 (79.65 GiB)'."""
+    grant = memory.grant
+    if not grant.granted or not (grant.product or grant.memory_gib):
+        return gpu_summary(node)
+    return "granted " + grant.describe()
+
+
+FixResult = tuple[list[Change], list[str], str | None, list[str], str]
+
+
+def _first_fix(book: Playbook, ctx: Context) -> FixResult:
+    """The first fix whose values can all be computed; else no change, with the reasons known (and advice)."""
     reasons: list[str] = []
+    advice = ""
     for fix in book.fixes:
         computed: list[tuple[Any, Computed]] = []
         for spec in fix.changes:
@@ -138,6 +181,7 @@ def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], s
                 result = run_formula(spec.value, ctx, Target(spec.kind, spec.name), spec.params)
             except NoSafeChange as exc:
                 reasons.append(str(exc))
+                advice = advice or exc.advice
                 break
             except (ArithmeticError, ValueError, TypeError, KeyError) as exc:
                 # a formula meeting numbers it did not expect must not cost the diagnosis: no value
@@ -154,8 +198,8 @@ def _first_fix(book: Playbook, ctx: Context) -> tuple[list[Change], list[str], s
             changes = [Change(kind=spec.kind, name=spec.name, before=r.before, after=r.after) for spec, r in computed]
             arithmetic = [f"Proposed: {c.name} {c.after}. {_sentence(r.arithmetic)}" if c.kind != "probe" else
                           f"Proposed: a {c.name}. {_sentence(r.arithmetic)}" for c, (_, r) in zip(changes, computed)]
-            return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution]
-    return [], reasons, None, []
+            return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution], ""
+    return [], reasons, None, [], advice
 
 
 def _sentence(text: str) -> str:

@@ -38,7 +38,7 @@ class CaseResult(BaseModel):
     expected: str | None
     got: str | None
     cause_right: bool
-    lever_pulled: bool | None  # None when no lever is expected
+    lever_pulled: bool | None  # None when no lever is expected, or no change is offered (refused)
     wrong_fix: bool
     note: str = ""
 
@@ -78,7 +78,10 @@ def score_case(folder: Path, playbooks: Any = None) -> CaseResult:
     changes = result.changes if result else []
     cause_right = got == expected.cause
     lever = None
-    if expected.cause is not None and expected.levers:  # no levers: the label says no change can work
+    refused = bool(result and cause_right and not changes and (result.advice or "software problem" in result.explanation))
+    if refused:  # the budget check found no lever that fits: no proposal to score, said so with advice
+        note = "no change offered: the memory budget says no lever fits here (advice given)"
+    elif expected.cause is not None and expected.levers:  # no levers: the label says no change can work
         lever = any(pulls(c, lv) for c in changes for lv in expected.levers)
         if expected.max_model_len_at_most:
             for c in changes:
@@ -100,7 +103,9 @@ def evaluate(corpus: Path, playbooks: Any = None) -> tuple[list[CaseResult], dic
         "cases": len(results),
         "causes_right": sum(r.cause_right for r in results),
         "levers_pulled": sum(bool(r.lever_pulled) for r in with_cause if r.got is not None),
-        "with_a_proposal": sum(1 for r in with_cause if r.got is not None and r.cause_right),
+        "with_a_proposal": sum(1 for r in with_cause if r.got is not None and r.cause_right
+                               and not r.note.startswith("no change offered")),
+        "refused_by_budget": sum(1 for r in results if r.note.startswith("no change offered")),
         "wrong_confident_fixes": sum(r.wrong_fix for r in results),
     }
     return results, summary
@@ -116,5 +121,7 @@ def format_report(results: list[CaseResult], summary: dict[str, Any]) -> str:
     lines.append(
         f"summary: {summary['causes_right']}/{summary['cases']} causes right, "
         f"{summary['levers_pulled']}/{summary['with_a_proposal']} proposals pull a labelled lever, "
-        f"{summary['wrong_confident_fixes']} wrong confident fixes")
+        f"{summary['wrong_confident_fixes']} wrong confident fixes"
+        + (f", {summary['refused_by_budget']} with no change because no lever fits the memory budget"
+           if summary["refused_by_budget"] else ""))
     return "\n".join(lines)

@@ -19,8 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bot.diagnosis import levers
 from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.evidence import format_gib_quantity, parse_quantity, pick_container
+from bot.diagnosis.levers import MARGIN_GIB, MemoryModel
 from bot.diagnosis.logfacts import LogFacts
 from bot.diagnosis.models import NodeView, PodView
 from bot.diagnosis.signals import Signals, gib
@@ -43,6 +45,7 @@ class Context:
     node: NodeView
     raw_pod: dict[str, Any] | None
     target: Target | None = None  # set per change by run_formula
+    memory: MemoryModel | None = None  # grant, model shape and budget: built once per diagnosis
 
 
 @dataclass
@@ -54,7 +57,14 @@ class Computed:
 
 
 class NoSafeChange(Exception):
-    """The numbers are known and say that no value of this change can work (e.g. nothing free)."""
+    """The numbers are known and say that no value of this change can work (e.g. nothing free).
+
+    advice: what would work but is not a change to this pod (a pre-quantized variant, a larger
+    MIG profile, a node pool with bigger or more GPUs): said in the message, with no button."""
+
+    def __init__(self, message: str, advice: str = "") -> None:
+        super().__init__(message)
+        self.advice = advice
 
 
 Formula = Callable[..., Computed | None]
@@ -220,7 +230,19 @@ def utilization_for_free_memory(ctx: Context, *, margin_gib: float = 0.1) -> Com
     if new <= 0.05 or new >= util:
         return None
     weights = s.get("weights_gib") or s.get("weights_estimate_gib")
+    figure = ctx.memory.weights_gib() if ctx.memory is not None else None
+    if figure is not None:
+        weights = figure[0]
     caution = None
+    if figure is not None and new * total < weights + 1.0:
+        assert ctx.memory is not None
+        raise NoSafeChange(
+            f"{gib(s.get('free_at_start_gib') or (total - (s.get('other_processes_gib') or 0)))} of this {gib(total)} "
+            f"GPU is free, and {fmt_util(new)} x {gib(total)} = {gib(new * total)} cannot hold the model's "
+            f"{gib(weights)} of weights ({figure[1]}) plus a KV cache: no --gpu-memory-utilization can work beside "
+            f"what else holds this GPU.",
+            advice=levers.advice_for_weights(ctx.memory, _node_gpus(ctx)) if weights > 0.9 * total
+            else _shared_advice(ctx.memory))
     if weights and new * total < weights + 1.0:
         caution = (f"{fmt_util(new)} x {gib(total)} = {gib(new * total)} cannot hold the model's ~{gib(weights)} of "
                    f"weights plus a KV cache: the lasting fix is to free this GPU (or give the pod its own).")
@@ -228,6 +250,16 @@ def utilization_for_free_memory(ctx: Context, *, margin_gib: float = 0.1) -> Com
         caution = (f"{fmt_util(new)} x {gib(total)} = {gib(new * total)} is enough only for a very small model: "
                    f"the lasting fix is to free this GPU (or give the pod its own).")
     return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".", caution=caution)
+
+
+def _shared_advice(model: MemoryModel) -> str:
+    grant = model.grant
+    where = (f"a MIG {grant.mig_profile} slice" if grant.mig_profile else "a GPU") + (
+        f" shared by {grant.replicas} time-sliced replicas" if grant.shared and grant.replicas else
+        (" shared with other pods" if grant.shared else ""))
+    return (f"Advice (not a change to approve): this pod runs on {where}. Give it a GPU of its own (a node pool "
+            f"without time-slicing, selected with a nodeSelector, or a larger MIG profile), or stop what else holds "
+            f"the GPU; a pre-quantized (AWQ/GPTQ 4-bit) variant of the model needs about a third of the memory.")
 
 
 @formula
@@ -417,6 +449,14 @@ def tensor_parallel_for_pod_gpus(ctx: Context) -> Computed | None:
     current = current or (s.get("world_size_required") // pp if s.get("world_size_required") else None)
     if current is not None and new >= current:
         return None
+    checked = ""
+    if ctx.memory is not None:  # fewer ranks hold more weights each: only when the budget says they fit
+        fit = ctx.memory.fit(tensor_parallel_size=new, gpu_count=gpus)
+        if levers.fails_on_memory(fit) or (fit.fits and not fit.fits_with(MARGIN_GIB)):
+            ctx.memory.consider(f"--tensor-parallel-size {new} on the pod's {gpus} GPU(s)", fit, False, levers.why_not(fit))
+            return None
+        ctx.memory.consider(f"--tensor-parallel-size {new} on the pod's {gpus} GPU(s)", fit, fit.fits)
+        checked = levers.margin_text(fit)
     text = f"the pod gets {gpus} GPU(s)"
     if pp > 1:
         text += f" and pipeline parallelism is {pp}, so {gpus} // {pp} = {gpus // pp}"
@@ -427,15 +467,24 @@ def tensor_parallel_for_pod_gpus(ctx: Context) -> Computed | None:
     if current:
         text += f" (was {current})"
     return Computed(after=str(new), before=raw if raw is not None else (str(current) if current else None),
-                    arithmetic=text + ".")
+                    arithmetic=text + "." + checked)
 
 
 def _weights_total(ctx: Context) -> float | None:
+    if ctx.memory is not None:  # one weights figure per message: the budget's
+        figure = ctx.memory.weights_gib()
+        if figure is not None:
+            return figure[0] * max(1, ctx.memory.ran.world_size)
     s = ctx.signals
     per_gpu = s.get("weights_estimate_gib")
     if per_gpu is None:
         return None
     return per_gpu * max(1, s.get("world_size") or 1)
+
+
+def _weights_source(ctx: Context) -> str:
+    figure = ctx.memory.weights_gib() if ctx.memory is not None else None
+    return figure[1] if figure is not None else "parameter count x bytes per parameter"
 
 
 def _tp_needed(ctx: Context) -> tuple[int, str] | None:
@@ -445,18 +494,40 @@ def _tp_needed(ctx: Context) -> tuple[int, str] | None:
         return None
     per = 0.8 * gpu
     need = ceil_pow2(total_w / per)
-    return need, (f"the weights are about {gib(total_w)} (parameter count x bytes per parameter); one GPU "
+    return need, (f"the weights are about {gib(total_w)} ({_weights_source(ctx)}); one GPU "
                   f"can hold 80% x {gib(gpu)} = {gib(per)} of them next to activations and KV cache, so "
                   f"{total_w:.1f} / {per:.1f} = {total_w / per:.2f} -> {need} GPUs")
+
+
+def _node_gpus(ctx: Context) -> int | None:
+    return ctx.node.gpu_count or ctx.node.gpu_capacity
+
+
+def _no_tensor_parallel_here(ctx: Context) -> str | None:
+    grant = ctx.memory.grant if ctx.memory is not None else None
+    if grant is None or grant.can_tensor_parallel:
+        return None
+    what = f"MIG {grant.mig_profile} slices" if grant.mig_profile else "time-sliced replicas of one GPU"
+    return f"tensor parallelism cannot run across {what}: CUDA and NCCL need whole GPUs"
 
 
 @formula
 def tensor_parallel_for_weights_on_node(ctx: Context) -> Computed | None:
     need = _tp_needed(ctx)
-    node_gpus = ctx.node.gpu_count or ctx.node.gpu_capacity
-    if need is None or not node_gpus or need[0] > node_gpus:
+    node_gpus = _node_gpus(ctx)
+    if need is None or not node_gpus or _no_tensor_parallel_here(ctx):
         return None
-    return tensor_parallel_for_weights(ctx)
+    if ctx.memory is None or ctx.memory.baseline().verdict == "unknown":
+        return tensor_parallel_for_weights(ctx) if need[0] <= node_gpus else None
+    current, raw = current_int(ctx, "--tensor-parallel-size", "config_tensor_parallel_size")
+    found, tried = levers.tp_search(ctx.memory, node_gpus, (current or 1) * 2)
+    if found is None:
+        return None
+    tp = found.fit.config.tensor_parallel_size
+    text = need[1] if need[0] == tp else (f"{need[1]}; the budget check finds {tp} enough"
+                                          if tp < need[0] else f"{need[1]}; the budget check needs {tp}")
+    return Computed(after=str(tp), before=raw if raw is not None else str(current or 1),
+                    arithmetic=text + "." + levers.margin_text(found.fit))
 
 
 @formula
@@ -468,9 +539,18 @@ def tensor_parallel_for_weights(ctx: Context) -> Computed | None:
         new, text = current * 2, f"doubling tensor parallelism halves the weights each GPU holds ({current} -> {current * 2})"
     else:
         new, text = max(need[0], current * 2), need[1]
-    node_gpus = ctx.node.gpu_count or ctx.node.gpu_capacity
+    chosen = ctx.memory.chosen if ctx.memory is not None else None
+    if chosen is not None and chosen.fit.config.tensor_parallel_size > 1:
+        new = chosen.fit.config.tensor_parallel_size  # the TP the budget check chose
+    node_gpus = _node_gpus(ctx)
     if node_gpus and new > node_gpus:
+        if ctx.memory is not None:  # a pod that can never schedule is not a change to approve
+            raise NoSafeChange(f"{text}; this node has {node_gpus} GPU(s), so no --tensor-parallel-size on it "
+                               f"holds the weights.", advice=levers.advice_for_weights(ctx.memory, node_gpus))
         text += f"; this node has {node_gpus} GPU(s), so the pod must move to a node with {new}"
+    blocked = _no_tensor_parallel_here(ctx)
+    if blocked and ctx.memory is not None:
+        raise NoSafeChange(blocked + ".", advice=levers.advice_for_weights(ctx.memory, node_gpus))
     return Computed(after=str(new), before=raw if raw is not None else str(current), arithmetic=text + ".")
 
 
@@ -493,12 +573,84 @@ def gpu_limit_for_tensor_parallel(ctx: Context) -> Computed | None:
 def gpu_limit_for_world_size(ctx: Context) -> Computed | None:
     s = ctx.signals
     world = s.get("world_size_required") or s.get("world_size")
-    node_gpus = ctx.node.gpu_count or ctx.node.gpu_capacity
+    node_gpus = _node_gpus(ctx)
     current = ctx.pod.container.limits.get("nvidia.com/gpu") if ctx.pod.container else None
-    if not world or not node_gpus or world > node_gpus or (current and int(float(current)) >= world):
+    if not world or (current and int(float(current)) >= world):
         return None
+    if node_gpus and world > node_gpus and ctx.memory is not None:
+        raise NoSafeChange(f"TP x PP = {world} needs {world} GPUs but this node has {node_gpus}, and fewer ranks "
+                           f"cannot hold the weights.", advice=levers.advice_for_weights(ctx.memory, node_gpus))
+    if not node_gpus or world > node_gpus:
+        return None
+    checked = ""
+    if ctx.memory is not None:
+        blocked = _no_tensor_parallel_here(ctx) if world > 1 else None
+        if blocked:
+            raise NoSafeChange(blocked + ".", advice=levers.advice_for_weights(ctx.memory, node_gpus))
+        fit = ctx.memory.fit(gpu_count=world)
+        ctx.memory.consider(f"limits.nvidia.com/gpu {world} with --tensor-parallel-size kept", fit,
+                            fit.verdict != "fails", levers.why_not(fit) if fit.verdict == "fails" else "")
+        checked = levers.margin_text(fit)
     return Computed(after=str(world), before=current,
-                    arithmetic=f"TP x PP = {world} processes need {world} GPUs and the node has {node_gpus}.")
+                    arithmetic=f"TP x PP = {world} processes need {world} GPUs and the node has {node_gpus}." + checked)
+
+
+@formula
+def quantization_fp8_for_weights(ctx: Context) -> Computed | None:
+    """Online fp8 weights (--quantization fp8): native W8A8 on 8.9+, weight-only FP8 Marlin on Ampere."""
+    model = ctx.memory
+    if model is None or ctx.cmd.get("--quantization") or ctx.signals.get("config_quantization") not in (None, "None"):
+        return None
+    support = model.fp8()
+    if support not in {"native", "weight-only"}:
+        if support == "none" and model.grant.compute_capability:
+            major, minor = model.grant.compute_capability
+            model.consider("--quantization fp8", model.baseline(), False,
+                           f"compute capability {major}.{minor} has no fp8 path for this model")
+        return None
+    found = levers.try_lever(model, "--quantization fp8", shorten=True, quantization="fp8")
+    if found is None:
+        return None
+    weights = model.weights_gib(found.fit)
+    how = "native W8A8 (compute capability 8.9+)" if support == "native" else "weight-only W8A16 through FP8 Marlin"
+    size = f": about {weights[0]:.2f} GiB per GPU ({weights[1]})" if weights else ""
+    return Computed(after="fp8", before=None,
+                    arithmetic=f"fp8 weights take one byte per parameter instead of two{size}, {how} on "
+                               f"{model.grant.product or 'this GPU'}." + levers.margin_text(found.fit))
+
+
+@formula
+def max_model_len_for_lever(ctx: Context) -> Computed | None:
+    """The --max-model-len the chosen lever needs (the budget check shortened the context to fit)."""
+    chosen = ctx.memory.chosen if ctx.memory is not None else None
+    if chosen is None or chosen.fit.config.max_model_len in (None, ctx.memory.ran.max_model_len if ctx.memory else None):
+        return None
+    new = chosen.fit.config.max_model_len
+    raw = ctx.cmd.get("--max-model-len")
+    current = ctx.memory.ran.max_model_len if ctx.memory else None
+    return Computed(after=str(new), before=raw if raw is not None else (str(current) if current else None),
+                    arithmetic=f"with that change the KV cache holds {chosen.fit.max_len_that_fits:,} tokens; "
+                               f"--max-model-len {new:,} fits.")
+
+
+@formula
+def shm_for_tensor_parallel(ctx: Context) -> Computed | None:
+    """A /dev/shm emptyDir comes with every TP > 1 the pod did not have (NCCL and vLLM's queues need it)."""
+    if ctx.signals.get("has_shm_volume"):
+        return None
+    chosen = ctx.memory.chosen if ctx.memory is not None else None
+    ranks = chosen.fit.config.world_size if chosen is not None else 0
+    tp = tensor_parallel_for_weights(ctx) if not ranks else None
+    ranks = max(ranks, int(tp.after) if tp is not None and tp.after else 0)
+    if ranks < 2:
+        return None
+    size = max(2, ranks)
+    limit = ctx.signals.get("memory_limit_bytes")
+    if limit:
+        size = min(size, max(2, int(limit / 4 / 2**30)))
+    return Computed(after=f"{size}Gi", before=None,
+                    arithmetic=f"{ranks} tensor-parallel ranks talk through /dev/shm, which is 64 MiB without a "
+                               f"volume: emptyDir medium Memory, sizeLimit {size}Gi (1 GiB per rank, at least 2).")
 
 
 @formula
@@ -533,11 +685,18 @@ def cpu_offload_for_weights(ctx: Context) -> Computed | None:
     limit = s.get("memory_limit_bytes")
     if limit and offload * world * 2**30 > 0.6 * limit:
         return None
+    checked = ""
+    if ctx.memory is not None:
+        found = levers.try_lever(ctx.memory, f"--cpu-offload-gb {offload}", shorten=True, cpu_offload_gb=float(offload))
+        if found is None and ctx.memory.considered[-1].fit.verdict != "unknown":
+            return None
+        checked = levers.margin_text(found.fit) if found is not None else ""
     return Computed(after=str(offload), before=ctx.cmd.get("--cpu-offload-gb"),
                     arithmetic=f"per GPU the weights are about {gib(per_gpu)} (the name's parameter count + 10%) but "
                                f"{util} x {gib(gpu)} - 2 GiB for activations and KV cache = {gib(room)} is left; "
                                f"{per_gpu:.2f} - {room:.2f} = {per_gpu - room:.2f}, rounded up: offload {offload} GiB per GPU "
-                               f"to CPU memory (slower, but it starts).")
+                               f"to CPU memory (slower, but it starts: every forward pass streams the offloaded weights over PCIe)."
+                               + checked)
 
 
 # ---- host memory, shm, probes, env ------------------------------------------------------

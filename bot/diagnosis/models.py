@@ -110,6 +110,7 @@ class DiagnosisResult(Frozen):
     confidence: Literal["high", "medium", "low"] = "high"
     stage: str | None = None
     memory_picture: str = ""
+    advice: str = ""  # what would work but is no change to this pod (bigger GPUs, a quantized model): no button
     command_before: list[str] = Field(default_factory=list)  # full argv as the container runs it
     command_after: list[str] = Field(default_factory=list)
     container: str | None = None
@@ -131,6 +132,7 @@ class DiagnosisResult(Frozen):
             "confidence": self.confidence,
             "stage": self.stage,
             "memory_picture": self.memory_picture,
+            "advice": self.advice,
             "command_before": self.command_before,
             "command_after": self.command_after,
             "facts": self.facts,

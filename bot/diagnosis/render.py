@@ -7,6 +7,8 @@ import shlex
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from bot.diagnosis.budget import Fit
+    from bot.diagnosis.levers import MemoryModel
     from bot.diagnosis.models import DiagnosisResult
     from bot.diagnosis.signals import Signals
 
@@ -115,4 +117,53 @@ def render_text(d: DiagnosisResult) -> str:
                 out.append(f"  {c.name}: {json.dumps(json.loads(c.after))}")
     else:
         out.append("No change proposed.")
+    if d.advice:
+        out.append("")
+        out.append(d.advice)
     return "\n".join(out)
+
+
+def _verdict(fit: Fit) -> str:
+    if fit.verdict == "unknown":
+        return "not judged"
+    if fit.fits:
+        return f"fits, {fit.margin_gib:.2f} GiB to spare" if fit.margin_gib is not None else "fits"
+    return f"fails at {(fit.first_failure or '?').replace('_', ' ')}" + (
+        f" ({-fit.margin_gib:.2f} GiB short)" if fit.margin_gib is not None and fit.margin_gib < 0 else "")
+
+
+def _column(fit: Fit) -> list[str]:
+    f = fit.figures
+    kv = f"{fit.kv_available_gib:.2f} GiB" if fit.kv_available_gib is not None else "?"
+    length = f"{fit.max_len_that_fits:,}" if fit.max_len_that_fits is not None else "?"
+    return [f"{f['weights'].value:.2f} GiB" if "weights" in f else "?", kv, length, _verdict(fit)]
+
+
+def budget_picture(model: MemoryModel | None, proposed: bool) -> str:
+    """The GPUs granted, the budget before/after the chosen lever, what fits, and what was not chosen."""
+    if model is None:
+        return ""
+    base = model.baseline()
+    if base.verdict == "unknown" and not model.considered:
+        return ""
+    lines = [f"GPUs granted: {model.grant.describe()}"] if model.grant.granted else []
+    weights = model.weights_gib()
+    if weights is not None:
+        lines.append(f"Weights: {weights[0]:.2f} GiB per GPU ({weights[1]})")
+    chosen = model.chosen if proposed else None
+    rows = ["weights per GPU", "KV cache", "tokens that fit", "verdict"]
+    before, after = _column(base), _column(chosen.fit) if chosen is not None else None
+    lines.append(f"  {'budget per GPU':<18}{'as it ran':<38}{'with the change' if after else ''}".rstrip())
+    for i, name in enumerate(rows):
+        lines.append(f"  {name:<18}{before[i]:<38}{after[i] if after else ''}".rstrip())
+    if chosen is not None:
+        from bot.diagnosis.levers import what_fits
+        table = what_fits(model)
+        if table:
+            lines.append(f"What fits ({chosen.lever}):")
+            lines += [f"  {label:<36}{_verdict(fit)}" for label, fit in table]
+    others = [c for c in model.considered if not c.chosen]
+    if others:
+        lines.append("Considered and not chosen:")
+        lines += [f"  - {c.lever}: {c.why_not}" for c in others[:5]]
+    return "\n".join(lines)

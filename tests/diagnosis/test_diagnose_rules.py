@@ -13,7 +13,7 @@ def changes_of(result):
 
 
 def test_weights_too_big_on_a_pod_that_already_has_the_gpus(tmp_path):
-    """TP 1 on an 8-GPU pod: raise TP only; the GPU limit needs no change."""
+    """TP 1 on an 8-GPU pod: raise TP; the GPU limit needs no change; /dev/shm comes with TP > 1 (issue 12)."""
     log = ('  File "/usr/lib/python3/dist-packages/vllm/model_executor/models/qwen2.py", line 300, in __init__\n'
            "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB. GPU 0 has a total capacty of "
            "79.33 GiB of which 500.00 MiB is free. Of the allocated memory 78.33 GiB is allocated by PyTorch, and 10.00 MiB "
@@ -21,7 +21,7 @@ def test_weights_too_big_on_a_pod_that_already_has_the_gpus(tmp_path):
     pod = make_pod(command=["vllm", "serve"], args=["Qwen/Qwen2-72B-Instruct"], gpus="8")
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-A100-SXM4-80GB", 81920, 8))))
     assert result.cause == "weights-exceed-gpu"
-    assert changes_of(result) == {("flag", "--tensor-parallel-size"): ("1", "4")}
+    assert changes_of(result) == {("flag", "--tensor-parallel-size"): ("1", "4"), ("volume", "/dev/shm"): (None, "4Gi")}
     assert result.command_after == ["vllm", "serve", "Qwen/Qwen2-72B-Instruct", "--tensor-parallel-size", "4"]
 
 
@@ -50,11 +50,24 @@ def test_a_busy_gpu_gets_the_value_and_an_honest_caution(tmp_path):
     log = ("(EngineCore pid=5) ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than desired "
            "GPU memory utilization (0.9, 19.85 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
            "processes.\n")
-    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "meta-llama/Llama-3.1-8B"]))))
+    # a model whose size is unknown: the value, with the caution (issue 12 keeps this path)
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "my-org/in-house"]))))
     assert result.cause == "shared-gpu-free-memory"
     assert changes_of(result) == {("flag", "--gpu-memory-utilization"): ("0.9", "0.06")}
     assert result.confidence == "medium"
     assert "Caution:" in result.explanation and "free this GPU" in result.explanation
+
+
+def test_a_busy_gpu_that_cannot_hold_the_weights_gets_no_change_and_advice(tmp_path):
+    """Issue 12: 0.06 x 22.05 GiB cannot hold Llama-3.1-8B's ~15 GiB, so no button, the numbers, and advice."""
+    log = ("(EngineCore pid=5) ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than desired "
+           "GPU memory utilization (0.9, 19.85 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+           "processes.\n")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "meta-llama/Llama-3.1-8B"]))))
+    assert result.cause == "shared-gpu-free-memory"
+    assert result.changes == []
+    assert "0.06 x 22.05 GiB = 1.32 GiB cannot hold" in result.explanation
+    assert result.advice.startswith("Advice (not a change to approve)")
 
 
 def test_a_gpu_with_nothing_free_gets_no_change(tmp_path):

@@ -9,11 +9,14 @@ new playbook without a bundle fails here.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from builders import FIXTURE_BUNDLES
 
+from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.evaluate import score_case
+from bot.diagnosis.evidence import load_bundle
 from bot.diagnosis.playbooks import load_dir
 
 CASES = sorted(p for p in FIXTURE_BUNDLES.glob("*") if (p / "expected.json").is_file())
@@ -26,7 +29,8 @@ def test_fixture_bundle(case):
     result = score_case(case)
     assert result.got == result.expected, result
     assert not result.wrong_fix
-    if result.expected is not None:
+    expected = json.loads((case / "expected.json").read_text())
+    if result.expected is not None and not expected.get("no_change"):
         assert result.lever_pulled, result
 
 
@@ -40,3 +44,26 @@ def test_every_bundle_expects_a_playbook_or_no_cause():
     known = {b.id for b in PLAYBOOKS}
     assert {name: cause for name, cause in EXPECTED.items() if cause is not None and cause not in known} == {}
     assert None in EXPECTED.values()  # the "no known cause" path has bundles too
+
+
+@pytest.mark.parametrize("case", CASES, ids=[p.name for p in CASES])
+def test_fixture_bundle_memory_outcome(case):
+    """expected.json may also say: no_change (no button), advice (a text, no button), margin_at_least
+    (the budget check's margin for the proposed change, as the message shows it), software_problem."""
+    expected = json.loads((case / "expected.json").read_text())
+    result = diagnose(load_bundle(case))
+    if expected.get("no_change"):
+        assert result.changes == [], result.changes
+    if expected.get("advice"):
+        assert result.advice.startswith("Advice (not a change to approve)"), result.advice
+    if "margin_at_least" in expected:
+        margins = [float(m) for m in re.findall(r"fits with (-?[\d.]+) GiB to spare", result.explanation)]
+        assert margins and min(margins) >= expected["margin_at_least"], result.explanation
+        assert "to spare" in result.memory_picture
+    if expected.get("software_problem"):
+        assert "this looks like a software problem, not a memory setting" in result.explanation
+        assert result.changes == []
+    for change in expected.get("changes", []):
+        assert any(c.name == change["name"] and c.after == change["after"] for c in result.changes), result.changes
+    for text in expected.get("explanation_has", []):
+        assert text in result.explanation + result.memory_picture + result.advice, text
