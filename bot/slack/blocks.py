@@ -142,6 +142,9 @@ def _diagnosis_sections(d: DiagnosisResult) -> list[SectionBlock]:
                             + code_block("\n".join(lines))))
     if d.memory_picture:
         out.append(_section("*GPU memory*\n" + code_block(d.memory_picture)))
+    if d.advice:
+        out.append(_section("*What would fit* (advice, not a change to approve)\n" + escape(d.advice),
+                            block_id="advice"))
     return out
 
 

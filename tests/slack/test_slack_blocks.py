@@ -171,3 +171,13 @@ def test_proposals_only_message_has_no_approve_button_and_says_why():
     assert buttons(blocks) == []
     text = all_text(blocks)
     assert "Proposed change" in text and "No Approve button" in text and "proposals-only mode" in text
+
+
+def test_advice_is_shown_without_a_button_when_no_change_fits():
+    inc = incident(state="diagnosed", with_proposal=False)
+    inc = inc.model_copy(update={"diagnosis": inc.diagnosis.model_copy(update={
+        "changes": [], "advice": "8 of these 22 GiB GPUs would hold the weights <!channel>"})})
+    _, blocks = incident_message(inc)
+    assert buttons(blocks) == []
+    advice = next(b for b in blocks if b.get("block_id") == "advice")
+    assert "What would fit" in advice["text"]["text"] and "<!channel>" not in advice["text"]["text"]
