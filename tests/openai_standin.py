@@ -17,12 +17,14 @@ class OpenAIStandIn:
         self.reply, self.delay, self.raw = reply, delay, raw
         self.requests: list[dict[str, Any]] = []
         self.bodies: list[str] = []
+        self.arrived: list[float] = []  # time.monotonic() of each request
         self._stop = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 text = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace")
+                outer.arrived.append(time.monotonic())
                 outer.bodies.append(text)
                 body = json.loads(text)
                 outer.requests.append(body)

@@ -256,6 +256,14 @@ def _cluster_and_store(settings, books, client=None, redactor=None) -> tuple[Clu
     return cluster, store
 
 
+def count_kube_retries(metrics) -> None:
+    """Every Kubernetes API retry (a 429 whose Retry-After was capped included: bot.kube.retry
+    logs that) is counted in vllm_oncall_kube_retries_total on this server's /metrics."""
+    from bot.kube.retry import on_retry
+
+    on_retry(lambda what, status: metrics.kube_retries.inc())
+
+
 def _diagnose_kw(books) -> dict:
     diagnose = _diagnoser(books)
     return {"diagnose": diagnose} if diagnose else {}
@@ -300,12 +308,11 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     from bot.cli.books import load_books
     from bot.diagnosis.redact import Redactor
     from bot.http.server import BotServer
-    from bot.kube.retry import on_retry
     from bot.slack.app import build_app
     from bot.slack.chat import SlackChat, make_client
 
     metrics = Metrics()
-    on_retry(lambda what, status: metrics.kube_retries.inc())
+    count_kube_retries(metrics)
     # One redactor (the built-in rules + VLLM_ONCALL_REDACT_PATTERNS) for every adapter whose text
     # leaves the cluster: the chat, the incident store, the LLM. Settings already validated them.
     redactor = Redactor(settings.redact_patterns)

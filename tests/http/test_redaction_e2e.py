@@ -88,6 +88,18 @@ def kubeconfig_for(fake, folder: Path) -> str:
     return str(path)
 
 
+def use_kubeconfig(monkeypatch, fake, folder: Path) -> None:
+    """Point `serve`'s kubeconfig lookup at the stand-in. The kubernetes package reads KUBECONFIG
+    once, at import, into KUBE_CONFIG_DEFAULT_LOCATION; so set both for this test."""
+    from kubernetes.config import kube_config
+
+    path = kubeconfig_for(fake, folder)
+    monkeypatch.setenv("KUBECONFIG", path)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
+    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.fixture
 def world(kube_api, slack, tmp_path, monkeypatch):
     llm = OpenAIStandIn(reply=COMMENT)
@@ -95,9 +107,7 @@ def world(kube_api, slack, tmp_path, monkeypatch):
                                    containers=[container(command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
                                                          args=list(ARGS), env=[dict(e) for e in ENV])])
     kube_api.on_write = rollout_controller("ready", log=NEW_POD_LOG)
-    monkeypatch.setenv("KUBECONFIG", kubeconfig_for(kube_api, tmp_path))
-    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
-        monkeypatch.delenv(var, raising=False)
+    use_kubeconfig(monkeypatch, kube_api, tmp_path)
     monkeypatch.setenv("VLLM_ONCALL_LLM_BASE_URL", llm.url)
     monkeypatch.setenv("VLLM_ONCALL_LLM_MODEL", "stand-in")
     settings = load_settings({
