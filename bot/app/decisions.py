@@ -21,6 +21,7 @@ from bot.app.ports import ClusterPort, IncidentStore
 from bot.app.proposals import Proposer, offers_button, open_state
 from bot.app.records import AlertTarget, AppliedChange, ApplyResult, Incident, MessageRef, Note
 from bot.app.state import IncidentState
+from bot.diagnosis.redact import redact
 
 log = logging.getLogger(__name__)
 S = IncidentState
@@ -143,21 +144,26 @@ class Decisions:
         """The workload was edited since the proposal: refuse, say what changed, re-diagnose."""
         incident = self.store.get(name)
         assert incident is not None and incident.proposal is not None
-        changed = ", ".join(result.changed_fields) or "its spec"
-        refusal = (f":warning: Not applied: {incident.proposal.workload.kind} {incident.namespace}/"
-                   f"{incident.workload} was edited since the proposal ({changed}). {result.message}")
+
+        def quoted(text: object) -> str:  # cluster text in our reply: redacted, and inert in chat
+            return redact(str(text)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+        changed = ", ".join(quoted(f) for f in result.changed_fields) or "its spec"
+        refusal = (f":warning: Not applied: {quoted(incident.proposal.workload.kind)} {quoted(incident.namespace)}/"
+                   f"{quoted(incident.workload)} was edited since the proposal ({changed}). {quoted(result.message)}")
         try:
             pod = self.cluster.resolve_pod(incident.namespace, incident.workload)
             evidence = self.cluster.collect(incident.namespace, pod, incident.proposal.workload.container)
             diagnosis = self.proposer.diagnose(evidence)
             workload = self.cluster.workload_for(evidence)
         except Exception as exc:
-            self._refused(name, f"apply refused (conflict), re-diagnosis failed: {exc}", clicked,
-                          f"{refusal}\nCould not re-diagnose: {exc}")
+            self._refused(name, f"apply refused (conflict), re-diagnosis failed: {redact(str(exc))}", clicked,
+                          f"{refusal}\nCould not re-diagnose: {quoted(exc)}")
             return
         if incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause) != name:
             self._refused(name, f"apply refused (conflict); cause is now {diagnosis.cause}", clicked,
-                          f"{refusal}\nRe-diagnosed: the cause is now {diagnosis.title}; posted as a new incident.")
+                          f"{refusal}\nRe-diagnosed: the cause is now {quoted(diagnosis.title)}; posted as a new "
+                          "incident.")
             self.intake.open_or_update(AlertTarget(namespace=incident.namespace, pod=pod), evidence, None,
                                        diagnosis, workload)
             return

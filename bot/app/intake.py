@@ -33,6 +33,9 @@ class Intake:
                  poster: Poster, messages: Messages, metrics: Metrics, clock: Callable[[], datetime]):
         self.cluster, self.store, self.cas, self.proposer = cluster, store, cas, proposer
         self.poster, self.messages, self.metrics, self.clock = poster, messages, metrics, clock
+        # Optional (bot.app.commentary.Commentary): called once a new incident is posted, returns
+        # at once; a repeat alert never calls it.
+        self.commentary: Callable[[Incident | None, Evidence | None], object] | None = None
 
     def handle_alert(self, target: AlertTarget) -> Incident | None:
         """A firing alert opens or updates the incident of (workload, cause); a resolved one
@@ -73,8 +76,11 @@ class Intake:
                 if created.state == IncidentState.PROPOSED:
                     self.metrics.proposals.inc()
                 log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
-                return self.poster.ensure_posted(name, received_at=target.received_at, lease=lease,
-                                                 known=created)
+                posted = self.poster.ensure_posted(name, received_at=target.received_at, lease=lease,
+                                                   known=created)
+                if self.commentary is not None:
+                    self.commentary(posted, evidence)
+                return posted
         return self._record_repeat(name, target.pod, diagnosis, evidence, workload)
 
     def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,

@@ -225,7 +225,7 @@ def _one_line_error(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _cluster_and_store(settings, books, client=None) -> tuple[ClusterPort, IncidentStore]:
+def _cluster_and_store(settings, books, client=None, redactor=None) -> tuple[ClusterPort, IncidentStore]:
     """The ClusterPort and IncidentStore the settings name (one API client for both)."""
     cluster: ClusterPort
     store: IncidentStore
@@ -249,10 +249,42 @@ def _cluster_and_store(settings, books, client=None) -> tuple[ClusterPort, Incid
         from bot.kube.api import KubeApi
         from bot.kube.incidents import KubeIncidentStore
 
-        store = KubeIncidentStore(KubeApi(client), settings.incident_namespace_or_default())
+        store = KubeIncidentStore(KubeApi(client), settings.incident_namespace_or_default(),
+                                  **({"redactor": redactor} if redactor else {}))
     else:
-        store = FolderIncidentStore(settings.state_dir / "incidents")
+        store = FolderIncidentStore(settings.state_dir / "incidents", **({"redactor": redactor} if redactor else {}))
     return cluster, store
+
+
+def count_kube_retries(metrics) -> None:
+    """Every Kubernetes API retry (a 429 whose Retry-After was capped included: bot.kube.retry
+    logs that) is counted in vllm_oncall_kube_retries_total on this server's /metrics."""
+    from bot.kube.retry import on_retry
+
+    on_retry(lambda what, status: metrics.kube_retries.inc())
+
+
+def _diagnose_kw(books) -> dict:
+    diagnose = _diagnoser(books)
+    return {"diagnose": diagnose} if diagnose else {}
+
+
+def _wire_commentary(service, metrics, redactor) -> None:
+    """The optional LLM commentator (VLLM_ONCALL_LLM_BASE_URL): a reply in the thread after the
+    diagnosis is posted, once per incident, never delaying the post, counted by outcome."""
+    from bot.app.commentary import Commentary
+    from bot.llm.wording import Commentator, LLMSettings
+
+    try:
+        llm = LLMSettings.from_env()
+    except ValueError as exc:
+        raise CheckFailed(str(exc)) from None
+    if llm is None:
+        return
+    commentator = Commentator(llm, timeout_seconds=llm.timeout_seconds, calls_per_hour=llm.calls_per_hour,
+                              redactor=redactor,
+                              on_outcome=lambda outcome: metrics.llm_comments.labels(outcome).inc())
+    service.intake.commentary = Commentary(commentator.comment, service.intake.messages)
 
 
 def kubernetes_answers(settings, cluster, store) -> None:
@@ -274,27 +306,29 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     from bot.app.metrics import Metrics
     from bot.app.service import OncallService, Policy
     from bot.cli.books import load_books
+    from bot.diagnosis.redact import Redactor
     from bot.http.server import BotServer
-    from bot.kube.retry import on_retry
-    from bot.llm.wording import LLMSettings, with_llm_wording
     from bot.slack.app import build_app
     from bot.slack.chat import SlackChat, make_client
 
     metrics = Metrics()
-    on_retry(lambda what, status: metrics.kube_retries.inc())
+    count_kube_retries(metrics)
+    # One redactor (the built-in rules + VLLM_ONCALL_REDACT_PATTERNS) for every adapter whose text
+    # leaves the cluster: the chat, the incident store, the LLM. Settings already validated them.
+    redactor = Redactor(settings.redact_patterns)
     client = make_client(settings.slack_bot_token, settings.slack_api_url)
     chat = SlackChat(client, settings.slack_channel, metrics, max_attempts=settings.slack_max_attempts,
-                     max_retry_after_seconds=settings.slack_max_retry_after_seconds)
+                     max_retry_after_seconds=settings.slack_max_retry_after_seconds, redactor=redactor)
     books = load_books(settings.playbooks)  # None: the bundled playbooks, as always
-    cluster, store = _cluster_and_store(settings, books)
+    cluster, store = _cluster_and_store(settings, books, redactor=redactor)
     policy = Policy(approver_users=frozenset(settings.approver_users),
                     proposals_only=settings.mode == "proposals-only",
                     approver_groups=frozenset(settings.approver_groups),
                     proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                     verify_timeout_seconds=settings.verify_timeout_seconds,
                     default_namespace=settings.default_namespace)
-    service = OncallService(cluster, store, chat, policy, metrics,
-                            diagnose=with_llm_wording(LLMSettings.from_env(), books))
+    service = OncallService(cluster, store, chat, policy, metrics, **_diagnose_kw(books))
+    _wire_commentary(service, metrics, redactor)
     app = build_app(service, client, signing_secret=settings.slack_signing_secret,
                     token_verification_enabled=False, default_namespace=settings.default_namespace)
     host, port = settings.host_port

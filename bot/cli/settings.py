@@ -45,6 +45,7 @@ ENV_VARS: dict[str, str] = {
     "sweep_interval_seconds": "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS",
     "mode": "VLLM_ONCALL_MODE",
     "playbooks": "VLLM_ONCALL_PLAYBOOKS",
+    "redact_patterns": "VLLM_ONCALL_REDACT_PATTERNS",
 }
 # a YAML key -> the setting: the setting's name, or its environment variable in lower case
 FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower(): name for name, var in ENV_VARS.items()}}
@@ -96,6 +97,10 @@ class Settings(BaseModel):
     # approve: Approve/Reject buttons for the approvers. The default keeps what `serve` always did.
     mode: Literal["proposals-only", "approve"] = "approve"
     playbooks: list[Path] = Field(default_factory=list)  # extra folders, merged over the bundled ones
+    # Extra secret formats to mask wherever text leaves the cluster (bot.diagnosis.redact): regular
+    # expressions; the match (or its group named `secret`) becomes ***. In the environment: one per
+    # line, or a JSON list (a comma may be part of a pattern, so commas do not separate them).
+    redact_patterns: list[str] = Field(default_factory=list)
 
     @field_validator("slack_bot_token")
     @classmethod
@@ -125,6 +130,17 @@ class Settings(BaseModel):
         bad = [g for g in v if not g.startswith("S")]
         if bad:
             raise ValueError(f"Slack user group ids start with S, not {', '.join(bad)}")
+        return v
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        from bot.diagnosis.redact import RedactionPatternError, compile_patterns
+
+        try:
+            compile_patterns(v)
+        except RedactionPatternError as exc:
+            raise ValueError(str(exc)) from None
         return v
 
     @field_validator("listen")
@@ -164,6 +180,19 @@ class Settings(BaseModel):
         return "vllm-oncall"
 
 
+def _pattern_list(value: str) -> list[str] | str:
+    """VLLM_ONCALL_REDACT_PATTERNS: a JSON list, else one pattern per line."""
+    import json
+
+    if value.lstrip().startswith("["):
+        try:
+            doc = json.loads(value)
+        except json.JSONDecodeError:
+            return value  # not a list: validation names the variable
+        return [str(p) for p in doc] if isinstance(doc, list) else value
+    return [line.strip() for line in value.splitlines() if line.strip()]
+
+
 def _split_list(value: str) -> list[str]:
     return [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
 
@@ -199,11 +228,16 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
         value = env.get(var)
         if value is None or value == "":
             continue
-        raw[name] = _split_list(value) if name in LIST_SETTINGS else value
+        if name == "redact_patterns":
+            raw[name] = _pattern_list(value)
+        else:
+            raw[name] = _split_list(value) if name in LIST_SETTINGS else value
     raw.update(overrides or {})
     for name in LIST_SETTINGS:
         if isinstance(raw.get(name), str):
             raw[name] = _split_list(raw[name])
+    if isinstance(raw.get("redact_patterns"), str):  # a single pattern in the file
+        raw["redact_patterns"] = [raw["redact_patterns"]]
     try:
         settings = Settings(**raw)
     except ValidationError as exc:
@@ -227,5 +261,6 @@ def _describe(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
         else:
             got = raw.get(str(loc))
             shown = "<hidden>" if "token" in str(loc) or "secret" in str(loc) else repr(got)
-            out.append(f"{var}: {str(err['msg']).removeprefix('Value error, ')} (got {shown})")
+            got_part = "" if str(loc) == "redact_patterns" else f" (got {shown})"  # the message names it
+            out.append(f"{var}: {str(err['msg']).removeprefix('Value error, ')}{got_part}")
     return out

@@ -118,7 +118,8 @@ def _keeps_value(name: str, value: str) -> bool:
         return True
     if value.lstrip("'\"").startswith("$"):
         return True  # a reference to a variable, not the secret itself
-    return name_parts(name)[-1:] == ["token"] and bare.isdigit() and len(bare) <= 6
+    # `max_prompt_adapter_token=0`, `128 KiB/token = 4.00 GiB`: a count or a size, not a token
+    return name_parts(name)[-1:] == ["token"] and re.fullmatch(r"\d{1,9}(?:\.\d{1,4})?", bare) is not None
 
 
 def _masked(value: str) -> str:
@@ -249,6 +250,30 @@ class Redactor:
             out.append({**entry, "value": MASK if hidden else self.text(value)})
         return out
 
+    def field(self, name: str, value: Any) -> Any:
+        """One container or pod field's value (command, args, env, probes, ...), redacted."""
+        if name in ("command", "args") and isinstance(value, list):
+            return self.args(value)
+        if name == "env" and isinstance(value, list):
+            return self.env(value)
+        return self.structure(value)
+
+    def fields(self, fields: dict[str, Any] | None) -> dict[str, Any]:
+        """A {field: value} mapping (a container spec, an audit record's before/after), redacted."""
+        return {k: self.field(k, v) for k, v in (fields or {}).items()}
+
+    def structure(self, value: Any) -> Any:
+        """Every string inside a JSON-like value through the text rules; a container spec found
+        inside (a dict with command/args/env) gets the argv and env rules too."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.structure(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.field(k, v) if k in ("command", "args", "env") else self.structure(v)
+                    for k, v in value.items()}
+        return value
+
     def container(self, container: dict[str, Any]) -> dict[str, Any]:
         """A copy of a container spec with command, args and env redacted."""
         out = dict(container)
@@ -261,6 +286,37 @@ class Redactor:
 
 
 DEFAULT = Redactor()
+
+
+def _wildcard(stored: str) -> re.Pattern[str]:
+    """A redacted string as a pattern: every *** stands for any text (what was masked)."""
+    return re.compile(".*?".join(re.escape(part) for part in stored.split(MASK)), re.DOTALL)
+
+
+def has_mask(value: Any) -> bool:
+    """Whether a JSON-like value holds a masked string anywhere."""
+    if isinstance(value, str):
+        return MASK in value
+    if isinstance(value, list):
+        return any(has_mask(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_mask(v) for v in value.values())
+    return False
+
+
+def masked_match(stored: Any, live: Any) -> bool:
+    """Whether `live` could be what `stored` is the redacted copy of: equal, except that every
+    *** in a stored string stands for any text. Independent of the rules that masked it (the
+    operator's patterns included), so a record written by one configuration still compares."""
+    if isinstance(stored, str) and MASK in stored:
+        return isinstance(live, str) and _wildcard(stored).fullmatch(live) is not None
+    if isinstance(stored, list):
+        return (isinstance(live, list) and len(stored) == len(live)
+                and all(masked_match(s, v) for s, v in zip(stored, live)))
+    if isinstance(stored, dict):
+        return (isinstance(live, dict) and stored.keys() == live.keys()
+                and all(masked_match(v, live[k]) for k, v in stored.items()))
+    return bool(stored == live)
 
 
 def redact(text: str) -> str:

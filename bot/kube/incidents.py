@@ -17,12 +17,16 @@ from bot.app.incidents import (
 )
 from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident
+from bot.app.redaction import redacted_incident
+from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.kube.errors import KubeConflict, KubeNotFound
 
 
-def to_custom_object(incident: Incident) -> dict[str, Any]:
+def to_custom_object(incident: Incident, redactor: Redactor = DEFAULT) -> dict[str, Any]:
     """The VLLMIncident object. The top-level spec fields state/cause/approver/change are what
-    `kubectl get vllmincidents` prints; `record` is the full incident."""
+    `kubectl get vllmincidents` prints; `record` is the full incident, redacted (see
+    bot.app.redaction: secrets never go into the object, the apply path re-derives them)."""
+    incident = redacted_incident(incident, redactor)
     record = incident.model_dump(mode="json", exclude={"name", "version"})
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -61,12 +65,13 @@ class KubeIncidentStore:
     pruning of nested fields) and a merge patch replaces it whole, so no stale key survives.
     """
 
-    def __init__(self, api: Any, namespace: str):
+    def __init__(self, api: Any, namespace: str, redactor: Redactor = DEFAULT):
         # bot.kube.api.KubeApi: 429/5xx/timeouts retried and counted, 403 named. A retried create
         # or update that had in fact succeeded comes back as 409, which callers already handle as
         # "someone else got there first" and re-read.
         self.api = api
         self.namespace = namespace
+        self.redactor = redactor
 
     @classmethod
     def from_environment(cls, namespace: str, context: str | None = None) -> KubeIncidentStore:
@@ -76,7 +81,7 @@ class KubeIncidentStore:
 
     def create(self, incident: Incident) -> Incident:
         try:
-            obj = self.api.create_custom(GROUP, VERSION, self.namespace, PLURAL, to_custom_object(incident))
+            obj = self.api.create_custom(GROUP, VERSION, self.namespace, PLURAL, to_custom_object(incident, self.redactor))
         except KubeConflict:  # 409 AlreadyExists
             raise IncidentExists(incident.name) from None
         return from_custom_object(obj)
@@ -91,7 +96,7 @@ class KubeIncidentStore:
     def update(self, incident: Incident) -> Incident:
         if not incident.version:
             raise IncidentConflict(f"{incident.name}: no resourceVersion to compare against")
-        body = to_custom_object(incident)
+        body = to_custom_object(incident, self.redactor)
         patch = {"metadata": {"resourceVersion": incident.version, "labels": body["metadata"]["labels"]},
                  "spec": body["spec"]}
         try:

@@ -11,14 +11,18 @@ from pathlib import Path
 from bot.app.incidents import matches
 from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident
+from bot.app.redaction import redacted_incident
+from bot.diagnosis.redact import DEFAULT, Redactor
 
 
 class FolderIncidentStore:
     """One JSON file per incident. Exclusive create (O_EXCL) and a version counter checked
-    under an flock, so two processes sharing the folder behave like two replicas on the cluster."""
+    under an flock, so two processes sharing the folder behave like two replicas on the cluster.
+    What is written is redacted (bot.app.redaction), as in the cluster's incident objects."""
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, redactor: Redactor = DEFAULT):
         self.folder = Path(folder)
+        self.redactor = redactor
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self, name: str) -> Path:
@@ -32,7 +36,7 @@ class FolderIncidentStore:
         return lock  # closing the file releases the lock
 
     def create(self, incident: Incident) -> Incident:
-        stored = incident.model_copy(update={"version": "1"})
+        stored = redacted_incident(incident, self.redactor).model_copy(update={"version": "1"})
         path = self._path(incident.name)
         with self._locked(incident.name, exclusive=True):
             try:
@@ -61,7 +65,8 @@ class FolderIncidentStore:
             if current.version != incident.version:
                 raise IncidentConflict(f"{incident.name}: version {incident.version} is stale "
                                        f"(now {current.version})")
-            stored = incident.model_copy(update={"version": str(int(current.version or 0) + 1)})
+            stored = redacted_incident(incident, self.redactor).model_copy(
+                update={"version": str(int(current.version or 0) + 1)})
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{incident.name}.", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(stored.model_dump_json(indent=1))

@@ -19,6 +19,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bot.diagnosis.models import DiagnosisResult
+from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
+from bot.diagnosis.redact import Redactor, has_mask, masked_match
 from bot.remedy import changes as ch
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.remedy.ownership import repository_hint
@@ -101,7 +103,7 @@ def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = No
                                    resource_version=None)
     stored = [op for op in proposal.json_patch if not op["path"].startswith("/metadata/")]
     expected = [op for op in expected if not op["path"].startswith("/metadata/")]
-    if stored != expected:
+    if not redacted_equal(stored, expected):
         return "the stored patch does not match the proposal's changes"
     return None
 
@@ -109,9 +111,10 @@ def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = No
 def conflict_with(proposal: Proposal, current: dict[str, Any]) -> str | None:
     """What changed in the target container (or volumes) since the proposal; None if nothing did."""
     now_fields = ch.fields_of(ch.pod_spec_of(current), proposal.workload.container)
-    if now_fields == proposal.container_before:
-        return None
-    return ch.describe_field_diff(proposal.container_before, now_fields)
+    if redacted_equal(proposal.container_before, now_fields):
+        return None  # the stored copy may be redacted: *** stands for the secret it hid
+    return ch.describe_field_diff(DEFAULT_REDACTOR.fields(proposal.container_before),
+                                  DEFAULT_REDACTOR.fields(now_fields))
 
 
 def rebase(ops: list[dict[str, Any]], current: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -130,7 +133,7 @@ def rebase(ops: list[dict[str, Any]], current: dict[str, Any]) -> list[dict[str,
     for op in out:
         if op["op"] == "test" and op["path"] == "/metadata/resourceVersion":
             op["value"] = meta.get("resourceVersion")
-    return out
+    return unmasked_ops(out, current)
 
 
 def read_audit(workload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -181,7 +184,7 @@ def fields_changed_by(record: dict[str, Any]) -> list[str]:
 
 def audit_ops(workload: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """JSON Patch ops that write the audit annotation (creating metadata.annotations if needed)."""
-    text = bounded(records)
+    text = bounded([redacted_record(r) for r in records])
     annotations = (workload.get("metadata") or {}).get("annotations")
     if annotations is None:
         return [{"op": "add", "path": "/metadata/annotations", "value": {AUDIT_ANNOTATION: text}}]
@@ -203,6 +206,8 @@ def matches_recorded(actual: Any, recorded: Any) -> bool:
     """`actual` is what we recorded, give or take the fields the API server defaults on write
     (a probe's timeoutSeconds/successThreshold, httpGet.scheme): mappings may have extra keys;
     lists must have the same items in the same order (an added env var or arg is an edit)."""
+    if isinstance(recorded, str) and has_mask(recorded):
+        return masked_match(recorded, actual)  # the record holds *** where a secret was
     if isinstance(recorded, dict):
         return isinstance(actual, dict) and all(k in actual and matches_recorded(actual[k], v)
                                                 for k, v in recorded.items())
@@ -241,7 +246,7 @@ def rollback_ops(current: dict[str, Any], actor: str) -> tuple[list[dict[str, An
     c = restored["containers"][ch.container_index(restored, container)]
     for f in target["fields"]:
         holder = restored if f in ch.POD_FIELDS else c
-        value = target["before"].get(f)
+        value = restored_value(target, f, now_fields.get(f))
         if value is None:
             holder.pop(f, None)
         else:
@@ -268,7 +273,7 @@ def event_for(workload: dict[str, Any], reason: str, message: str) -> dict[str, 
                            "namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
                            "resourceVersion": meta.get("resourceVersion")},
         "reason": reason,
-        "message": message[:1000],
+        "message": DEFAULT_REDACTOR.text(message)[:1000],
         "type": "Normal",
         "source": {"component": "vllm-oncall"},
         "reportingComponent": "vllm-oncall",
@@ -280,8 +285,156 @@ def event_for(workload: dict[str, Any], reason: str, message: str) -> dict[str, 
 
 
 def describe_record(record: dict[str, Any]) -> str:
-    before = " ".join(str(x) for x in (record["before"].get("command") or []) + (record["before"].get("args") or []))
-    after = " ".join(str(x) for x in (record["after"].get("command") or []) + (record["after"].get("args") or []))
+    """One line for the Event and the chat: secret values in the command lines masked."""
+    redact = DEFAULT_REDACTOR.args
+    before = " ".join(redact((record["before"].get("command") or []) + (record["before"].get("args") or [])))
+    after = " ".join(redact((record["after"].get("command") or []) + (record["after"].get("args") or [])))
     others = [f for f in record["fields"] if f not in ALWAYS_RECORDED]
     text = f"{record['action']} {record['id']} by {record['who']} ({record.get('cause')}): {before!r} -> {after!r}"
     return text + (f"; also changed {', '.join(others)}" if others else "")
+
+
+# ---- redaction of what is stored and shown; exactness of what is applied -----------------
+#
+# The incident object and the audit annotation hold redacted copies: a secret value (the value
+# of --api-key, HF_TOKEN, a URL password) is *** there. What is *applied* is never a redacted
+# copy: every masked value in a patch, or in a record a rollback restores, is taken back from
+# the live object, where it must still be (a change never touches a secret value), and the apply
+# or rollback is refused when it cannot be found exactly.
+
+
+class Unrestorable(ValueError):
+    """A masked value whose secret cannot be found, exactly once, in the live object."""
+
+
+def redacted_equal(stored: Any, live: Any) -> bool:
+    """Whether `stored` (a patch, a container spec, a field value, possibly redacted) is `live`
+    with secrets masked: equal, each *** standing for the text it hid. Use it wherever a stored
+    proposal is compared with one re-derived from the live workload."""
+    return masked_match(stored, live)
+
+
+def redact_patch(ops: list[dict[str, Any]], redactor: Redactor = DEFAULT_REDACTOR) -> list[dict[str, Any]]:
+    """A JSON Patch with the values of container fields redacted (for storage and display only)."""
+    out = []
+    for op in ops:
+        op = dict(op)
+        if "value" in op and not op["path"].startswith("/metadata/"):
+            op["value"] = redactor.field(op["path"].rsplit("/", 1)[-1], op["value"])
+        out.append(op)
+    return out
+
+
+def redact_proposal(proposal: Proposal, redactor: Redactor = DEFAULT_REDACTOR) -> Proposal:
+    """The proposal as it may be stored and shown: command lines, the container as diagnosed,
+    the patch's values and the manifest diff redacted. `changes` stay exact: playbooks change
+    only flags that are not secrets, and the apply path re-derives the patch from them."""
+    return proposal.model_copy(update={
+        "command_before": redactor.args(proposal.command_before),
+        "command_after": redactor.args(proposal.command_after),
+        "container_before": redactor.fields(proposal.container_before),
+        "json_patch": redact_patch(proposal.json_patch, redactor),
+        "manifest_diff": redactor.text(proposal.manifest_diff) if proposal.manifest_diff else proposal.manifest_diff,
+        "dry_run_message": redactor.text(proposal.dry_run_message) if proposal.dry_run_message else None,
+    })
+
+
+def redacted_record(record: dict[str, Any], redactor: Redactor = DEFAULT_REDACTOR) -> dict[str, Any]:
+    """An audit record as the annotation keeps it: before/after values redacted (see
+    restored_value for how a rollback still restores the exact previous spec)."""
+    out = dict(record)
+    for side in ("before", "after"):
+        if isinstance(record.get(side), dict):
+            out[side] = redactor.fields(record[side])
+    if isinstance(record.get("message"), str):
+        out["message"] = redactor.text(record["message"])
+    return out
+
+
+def unmask(stored: Any, live: Any) -> Any:
+    """`stored` with every masked part taken back from `live`, the value it was derived from
+    (the same value, or one a change edited elsewhere). Raises Unrestorable when a masked value
+    cannot be matched to exactly one live value."""
+    if not has_mask(stored):
+        return stored
+    if masked_match(stored, live):
+        return live
+    if isinstance(stored, dict) and isinstance(live, dict) and stored.keys() <= live.keys():
+        return {k: unmask(v, live[k]) for k, v in stored.items()}
+    if isinstance(stored, list) and isinstance(live, list):
+        return _unmask_list(stored, live)
+    raise Unrestorable("a masked value is not in the live object")
+
+
+def _unmask_list(stored: list[Any], live: list[Any]) -> list[Any]:
+    """Each masked item is the one live item it matches; when several match (a bare *** after
+    --api-key matches any argument), the one after the same preceding item."""
+    out: list[Any] = []
+    used: set[int] = set()
+    for i, item in enumerate(stored):
+        if not has_mask(item):
+            out.append(item)
+            continue
+        found = [j for j, v in enumerate(live) if j not in used and masked_match(item, v)]
+        if len(found) > 1:
+            found = [j for j in found if (i == 0 and j == 0) or
+                     (i > 0 and j > 0 and masked_match(stored[i - 1], live[j - 1]))]
+        if len(found) != 1:
+            raise Unrestorable(f"the masked item {item!r} matches {len(found)} live items, not exactly one")
+        used.add(found[0])
+        out.append(live[found[0]])
+    return out
+
+
+def _pointer_get(obj: Any, path: str) -> Any:
+    for part in path.lstrip("/").split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    return obj
+
+
+def unmasked_ops(ops: list[dict[str, Any]], current: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The exact patch for a stored (possibly redacted) one: a masked `test` value is the live
+    value it stands for, a masked `add`/`replace` value is restored from the live value at its
+    path. None when a masked value cannot be restored exactly (treat it as an edit: refuse)."""
+    out = []
+    for op in ops:
+        if "value" in op and has_mask(op["value"]):
+            try:
+                live = _pointer_get(current, op["path"])
+                if op["op"] == "test" and not masked_match(op["value"], live):
+                    return None  # edited since: the test would fail anyway
+                op = {**op, "value": live if op["op"] == "test" else unmask(op["value"], live)}
+            except (KeyError, IndexError, ValueError, TypeError):  # Unrestorable is a ValueError
+                return None
+        out.append(op)
+    return out
+
+
+def exact_patch(proposal: Proposal, current: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """What Approve applies: the patch re-derived from the live workload and the proposal's
+    changes, with the stored metadata tests moved to the current resourceVersion (see rebase),
+    if the stored patch (possibly redacted) is that patch; else None (refuse: edited)."""
+    pod_spec = ch.pod_spec_of(current)
+    derived = ch.build_json_patch(pod_spec, ch.apply_changes(pod_spec, proposal.workload.container,
+                                                             proposal.changes),
+                                  proposal.workload.container, ch.pod_spec_pointer(current.get("kind", "")))
+    stored = [op for op in proposal.json_patch if not op["path"].startswith("/metadata/")]
+    if not redacted_equal(stored, derived):
+        return None
+    meta_ops = rebase([op for op in proposal.json_patch if op["path"].startswith("/metadata/")], current)
+    if meta_ops is None:
+        return None
+    return meta_ops + derived  # the metadata tests first, as make_proposal writes them
+
+
+def restored_value(record: dict[str, Any], field: str, live: Any) -> Any:
+    """The value a rollback writes back for `field`: the recorded `before`, with any masked
+    secret taken from the live value (the change did not touch it). RollbackRefused when it
+    cannot be restored exactly, so a rollback never writes *** into a spec."""
+    value = record["before"].get(field)
+    try:
+        return unmask(value, live)
+    except Unrestorable as exc:
+        raise RollbackRefused(f"change {record.get('id')} recorded {field} with a secret masked, and the "
+                              f"secret is no longer in the workload ({exc}); restore {field} by hand") from None

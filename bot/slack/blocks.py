@@ -12,6 +12,7 @@ itself stays in the store, so a click can never smuggle in a different change.
 
 from __future__ import annotations
 
+import re
 import shlex
 from datetime import datetime
 from typing import Any
@@ -29,7 +30,9 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.app.records import Incident
+from bot.app.redaction import redacted_diagnosis, redacted_incident
 from bot.diagnosis.models import DiagnosisResult
+from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.remedy.models import Proposal
 from bot.slack.escape import code_block, escape, inline_code, unescape
 
@@ -90,9 +93,41 @@ def command_line(argv: list[str]) -> str:
     return shlex.join(argv) if argv else "(none)"
 
 
-def change_lines(proposal: Proposal) -> list[str]:
-    return [f"{c.name}: {c.before if c.before is not None else '(unset)'} → "
-            f"{c.after if c.after is not None else '(removed)'}" for c in proposal.changes]
+def change_lines(proposal: Proposal, redactor: Redactor = DEFAULT) -> list[str]:
+    """`--flag: before → after` per change, redacted (the message and the confirm dialog)."""
+    return [redactor.text(f"{c.name}: {c.before if c.before is not None else '(unset)'} → "
+                          f"{c.after if c.after is not None else '(removed)'}") for c in proposal.changes]
+
+
+# Our own mentions in a thread reply (`<@U123>`), and entities a caller already escaped.
+_OURS = re.compile(r"<@[UW][A-Z0-9]{2,20}>|&(?:amp|lt|gt);")
+
+
+def escape_note(text: str) -> str:
+    """A thread reply's text for Slack: everything escaped (it quotes pod names, args, patch
+    messages), except the user mentions the bot wrote and entities already escaped, so a text
+    escaped by its author is not escaped twice."""
+    out, done = [], 0
+    for match in _OURS.finditer(text):
+        out += [escape(text[done:match.start()]), match.group(0)]
+        done = match.end()
+    return "".join(out) + escape(text[done:])
+
+
+def _shown(incident: Incident, redactor: Redactor) -> Incident:
+    """The incident with every text from the cluster redacted, ready to be escaped and shown."""
+    incident = redacted_incident(incident, redactor)
+    p = incident.proposal
+    if p is None:
+        return incident
+    w = p.workload
+    workload = w.model_copy(update={
+        "live_patch_blocked": redactor.text(w.live_patch_blocked) if w.live_patch_blocked else None,
+        "repository_hint": redactor.text(w.repository_hint) if w.repository_hint else None})
+    changes = [c.model_copy(update={"before": redactor.text(c.before) if c.before else c.before,
+                                    "after": redactor.text(c.after) if c.after else c.after}) for c in p.changes]
+    return incident.model_copy(update={"proposal": p.model_copy(update={"workload": workload,
+                                                                        "changes": changes})})
 
 
 def confirm_text(incident: Incident) -> str:
@@ -104,7 +139,10 @@ def confirm_text(incident: Incident) -> str:
     return escape(text)[:ConfirmObject.text_max_length]
 
 
-def incident_message(incident: Incident) -> tuple[str, list[dict[str, Any]]]:
+def incident_message(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[str, list[dict[str, Any]]]:
+    """The incident's message. Every text from the cluster is redacted (with `redactor`: the
+    built-in rules plus the operator's patterns) and escaped."""
+    incident = _shown(incident, redactor)
     d = incident.diagnosis or DiagnosisResult(cause=incident.cause, title=incident.cause or "No known cause",
                                               explanation="")
     fallback = escape(f"[{incident.cluster}] {incident.namespace}/{incident.workload}: {d.title}")
@@ -224,10 +262,14 @@ def rollback_button(incident_name: str) -> ActionsBlock:
 
 
 def note_message(text: str, diagnosis: DiagnosisResult | None = None,
-                 rollback_incident: str | None = None) -> tuple[str, list[dict[str, Any]]]:
-    """A thread reply. `text` is ours (may hold <@U> mentions we made); the diagnosis is escaped."""
+                 rollback_incident: str | None = None, redactor: Redactor = DEFAULT) -> tuple[str, list[dict[str, Any]]]:
+    """A thread reply. `text` is ours but quotes the cluster (pod names, args, the patch's
+    message): it is redacted and escaped, keeping the <@U> mentions we made; the diagnosis is
+    redacted and escaped."""
+    text = escape_note(redactor.text(text))
     blocks: list[Block] = [_section(text)]
     if diagnosis is not None:
+        diagnosis = redacted_diagnosis(diagnosis, redactor)
         blocks.append(_section(f"*Re-diagnosed:* {escape(diagnosis.title)}\n{escape(diagnosis.explanation)}"))
         if diagnosis.evidence:
             blocks.append(_section(code_block("\n".join(diagnosis.evidence))))
@@ -235,7 +277,7 @@ def note_message(text: str, diagnosis: DiagnosisResult | None = None,
             blocks.append(_section(code_block(diagnosis.memory_picture)))
     if rollback_incident:
         blocks.append(rollback_button(rollback_incident))
-    return text[:3000], _json(blocks)
+    return text[:3000], _json(blocks)  # the fallback (notifications) is the escaped text too
 
 
 def blocks_to_text(blocks: list[dict[str, Any]]) -> str:

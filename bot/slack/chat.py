@@ -23,6 +23,8 @@ from bot.app.metrics import Metrics
 from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
 from bot.app.retrying import RetryEvent, RetryPolicy
+from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
+from bot.diagnosis.redact import Redactor
 from bot.slack.blocks import incident_message, note_message
 
 log = logging.getLogger(__name__)
@@ -74,8 +76,10 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 class SlackChat:
     def __init__(self, client: WebClient, default_channel: str, metrics: Metrics | None = None,
                  max_attempts: int = 5, max_retry_after_seconds: float = 60,
-                 backoff_seconds: float = 0.5, sleep: Callable[[float], None] = time.sleep):
+                 backoff_seconds: float = 0.5, sleep: Callable[[float], None] = time.sleep,
+                 redactor: Redactor | None = None):
         self.client = client
+        self.redactor = redactor or DEFAULT_REDACTOR  # every message: the built-in rules + the operator's
         self.default_channel = default_channel
         self.metrics = metrics or Metrics()
         # The shared policy; `sleep` is injectable so a test can see the waits without waiting.
@@ -103,18 +107,18 @@ class SlackChat:
     # ---- ChatPort ---------------------------------------------------------------------
 
     def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
-        text, blocks = incident_message(incident)
+        text, blocks = incident_message(incident, self.redactor)
         resp = self.call("chat.postMessage", self.client.chat_postMessage, channel=channel or self.default_channel,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
         return MessageRef(channel=resp["channel"], ts=resp["ts"])
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
-        text, blocks = incident_message(incident)
+        text, blocks = incident_message(incident, self.redactor)
         self.call("chat.update", self.client.chat_update, channel=message.channel, ts=message.ts,
                   text=text, blocks=blocks)
 
     def reply(self, thread: MessageRef, note: Note) -> None:
-        text, blocks = note_message(note.text, note.diagnosis, note.rollback_incident)
+        text, blocks = note_message(note.text, note.diagnosis, note.rollback_incident, self.redactor)
         self.call("chat.postMessage", self.client.chat_postMessage, channel=thread.channel, thread_ts=thread.ts,
                   text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
 

@@ -9,12 +9,14 @@ import sys
 from typing import TextIO
 
 from bot.app.records import Incident, MessageRef, Note
+from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.slack.blocks import blocks_to_text, incident_message, note_message
 
 
 class TerminalChat:
-    def __init__(self, out: TextIO | None = None, channel: str = "#vllm-oncall"):
+    def __init__(self, out: TextIO | None = None, channel: str = "#vllm-oncall", redactor: Redactor = DEFAULT):
         self.out = out or sys.stdout
+        self.redactor = redactor  # the terminal shows what Slack would: redacted too
         self.channel = channel
         self._ts = itertools.count(1)
         self.posted: list[tuple[str, str]] = []  # (what, text), for tests and the demo summary
@@ -27,23 +29,23 @@ class TerminalChat:
 
     def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
         ref = MessageRef(channel=channel or self.channel, ts=f"{next(self._ts)}.000000")
-        _, blocks = incident_message(incident)
+        _, blocks = incident_message(incident, self.redactor)
         self._print(f"Message posted to {ref.channel}", blocks_to_text(blocks))
         return ref
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
-        _, blocks = incident_message(incident)
+        _, blocks = incident_message(incident, self.redactor)
         # The body (diagnosis, evidence, change) is as posted; show what an update changes.
         changed = [b for b in blocks if b["type"] in ("header", "actions") or b.get("block_id") in ("status", "context")]
         self._print(f"Message in {message.channel} updated in place (state: {incident.state}); "
                     "the diagnosis above is unchanged", blocks_to_text(changed))
 
     def reply(self, thread: MessageRef, note: Note) -> None:
-        _, blocks = note_message(note.text, note.diagnosis, note.rollback_incident)
+        _, blocks = note_message(note.text, note.diagnosis, note.rollback_incident, self.redactor)
         self._print(f"Reply in the message's thread ({thread.channel})", blocks_to_text(blocks))
 
     def tell_user(self, channel: str, user: str, text: str) -> None:
-        self._print(f"Only {user} sees (in {channel})", text + "\n")
+        self._print(f"Only {user} sees (in {channel})", self.redactor.text(text) + "\n")
 
     def group_members(self, group_id: str) -> set[str]:
         return set()

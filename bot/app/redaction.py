@@ -1,0 +1,36 @@
+"""The incident as it may be stored and shown: every text and value from the cluster redacted.
+
+The incident object (a VLLMIncident in the cluster, or a file) is readable by more people than
+the workload's Secrets, and its text goes on to Slack: so the stores keep only this copy. What
+stays exact is what the apply path needs: the proposal's `changes`; the stored patch and the
+container as diagnosed are compared with the live workload by bot.remedy.plan.redacted_equal,
+and the patch applied is re-derived from the live object (plan.exact_patch / plan.rebase).
+"""
+
+from __future__ import annotations
+
+from bot.app.records import Incident
+from bot.diagnosis.models import DiagnosisResult
+from bot.diagnosis.redact import DEFAULT, Redactor
+from bot.remedy.plan import redact_proposal
+
+
+def redacted_diagnosis(diagnosis: DiagnosisResult, redactor: Redactor = DEFAULT) -> DiagnosisResult:
+    text = redactor.text
+    return diagnosis.model_copy(update={
+        "title": text(diagnosis.title), "explanation": text(diagnosis.explanation),
+        "evidence": [text(line) for line in diagnosis.evidence], "memory_picture": text(diagnosis.memory_picture),
+        "command_before": redactor.args(diagnosis.command_before),
+        "command_after": redactor.args(diagnosis.command_after), "facts": redactor.structure(diagnosis.facts)})
+
+
+def redacted_incident(incident: Incident, redactor: Redactor = DEFAULT) -> Incident:
+    """A copy with the diagnosis, the proposal's display fields and patch values, and the
+    history redacted. Idempotent: redacting a redacted incident changes nothing."""
+    return incident.model_copy(update={
+        "diagnosis": redacted_diagnosis(incident.diagnosis, redactor) if incident.diagnosis else None,
+        "proposal": redact_proposal(incident.proposal, redactor) if incident.proposal else None,
+        "history": [redactor.text(line) for line in incident.history],
+        "applied": incident.applied.model_copy(update={"message": redactor.text(incident.applied.message)})
+        if incident.applied else None,
+    })
