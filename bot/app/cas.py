@@ -63,14 +63,16 @@ class IncidentCas:
         return incident
 
     def claim(self, name: str, from_states: Collection[IncidentState], to: IncidentState, note: str,
-              approver: str | None = None) -> Incident | None:
+              approver: str | None = None, digest: str | None = None) -> Incident | None:
         """Move the incident from one of `from_states` to `to` by CAS (recording `approver` and
         the decision time when given). Returns it if this call made the move, None if it was no
-        longer in those states. A lost race against an unrelated write (a repeat alert's
+        longer in those states (or, with `digest`, its proposal is no longer that one). A lost race against an unrelated write (a repeat alert's
         counters) is retried; a lost race against another decision is not."""
         for _ in range(ATTEMPTS):
             incident = self.store.get(name)
             if incident is None or incident.state not in from_states:
+                return None
+            if digest is not None and (incident.proposal is None or incident.proposal.digest != digest):
                 return None
             now = self.clock()
             decided = {"approver": approver, "decided_at": now} if approver is not None else {}

@@ -80,12 +80,13 @@ class OncallService:
     def is_approver(self, user: str) -> bool:
         return self.approvers.is_approver(user)
 
-    def approve(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
-        """Returns what happened: applied | failed | conflict | not_allowed | expired | ..."""
-        return self.decisions.approve(name, user, clicked)
+    def approve(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+        """Returns what happened: applied | failed | conflict | refused | replaced | not_allowed | ...
+        `digest`: the proposal the approver saw (the chat adapters always pass the button's)."""
+        return self.decisions.approve(name, user, clicked, digest)
 
-    def reject(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
-        return self.decisions.reject(name, user, clicked)
+    def reject(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+        return self.decisions.reject(name, user, clicked, digest)
 
     def verify(self, name: str, clicked: MessageRef | None = None) -> Incident | None:
         """Follow the rollout and report it in the thread."""
