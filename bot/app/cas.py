@@ -8,6 +8,7 @@ state and does nothing, so a double click, two approvers or two replicas act exa
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
@@ -63,10 +64,15 @@ class IncidentCas:
         return incident
 
     def claim(self, name: str, from_states: Collection[IncidentState], to: IncidentState, note: str,
-              approver: str | None = None, digest: str | None = None) -> Incident | None:
+              approver: str | None = None, digest: str | None = None,
+              decided_before: datetime | None = None) -> Incident | None:
         """Move the incident from one of `from_states` to `to` by CAS (recording `approver` and
         the decision time when given). Returns it if this call made the move, None if it was no
-        longer in those states (or, with `digest`, its proposal is no longer that one). A lost race against an unrelated write (a repeat alert's
+        longer in those states (or, with `digest`, its proposal is no longer that one; with
+        `decided_before`, it was decided at or after that time, i.e. someone took it over since).
+
+        A write that committed but answered an error (the API retried it into a 409, or it
+        failed for good) is read back: if the stored incident is this call's write, it claimed. A lost race against an unrelated write (a repeat alert's
         counters) is retried; a lost race against another decision is not."""
         for _ in range(ATTEMPTS):
             incident = self.store.get(name)
@@ -74,10 +80,32 @@ class IncidentCas:
                 return None
             if digest is not None and (incident.proposal is None or incident.proposal.digest != digest):
                 return None
+            if decided_before is not None and (incident.decided_at is None or incident.decided_at >= decided_before):
+                return None
             now = self.clock()
             decided = {"approver": approver, "decided_at": now} if approver is not None else {}
+            # The claim's own token in its history line: a write read back is recognised as ours.
+            mine = moved(incident, to, now, f"{note} [claim {uuid.uuid4().hex[:8]}]", **decided)
             try:
-                return self.store.update(moved(incident, to, now, note, **decided))
+                return self.store.update(mine)
             except IncidentConflict:
+                own = self._own_write(name, mine)
+                if own is not None:
+                    return own
                 continue
+            except Exception:
+                own = self._own_write(name, mine)
+                if own is not None:
+                    return own
+                raise
+        return None
+
+    def _own_write(self, name: str, mine: Incident) -> Incident | None:
+        """The stored incident if it is `mine` (a write that committed although it answered an error)."""
+        try:
+            stored = self.store.get(name)
+        except Exception:
+            return None
+        if stored is not None and stored.history == mine.history and stored.state == mine.state:
+            return stored
         return None

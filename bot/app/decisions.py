@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
+from bot.app.errors import ClusterUnavailable
 from bot.app.incidents import incident_name
 from bot.app.intake import Intake
 from bot.app.messages import Messages
@@ -25,6 +26,9 @@ from bot.remedy import changes as ch
 
 log = logging.getLogger(__name__)
 S = IncidentState
+# How long an incident may sit in `applying` before the sweep assumes its applier died or lost
+# the answer, and resumes it (longer than one apply with its retries takes).
+APPLY_GRACE = timedelta(minutes=2)
 
 
 class Decisions:
@@ -59,6 +63,13 @@ class Decisions:
         """Apply the proposal of an incident this call holds in `applying`, after re-deriving it."""
         name, stored = claimed.name, claimed.proposal
         assert stored is not None
+        try:  # an earlier attempt (a lost answer, a killed replica) may have applied it already
+            done = self.cluster.was_applied(stored)
+        except Exception as exc:
+            log.warning("incident %s: cannot tell whether it was applied yet: %s", name, exc)
+            return self._unknown(claimed, clicked, f"{type(exc).__name__}: {exc}")
+        if done is not None:
+            return self._applied(name, user, done, clicked)
         check = self.proposer.recheck(name, stored)
         if check.conflict and check.fresh is not None:
             fields = ch.changed_fields(stored.container_before, check.fresh.container_before)
@@ -70,14 +81,45 @@ class Decisions:
         result = self._apply(claimed, user)
         if result.ok:
             return self._applied(name, user, result, clicked)
+        if result.unknown:
+            return self._unknown(claimed, clicked, result.message)
         if result.conflict:
             return self._conflicted(name, result, clicked)
+        failed = self._finish(name, S.FAILED, f"patch failed: {result.message}")
+        if failed is None:
+            return "already_decided"
+        incident = failed
         self.metrics.patches_failed.labels("error").inc()
-        incident = self.cas.move(name, S.FAILED, f"patch failed: {result.message}")
         self.messages.refresh(incident, clicked)
         self.messages.reply(incident, clicked, Note(text=f":x: The patch failed, nothing was changed: "
                                                          f"{result.message}"))
         return "failed"
+
+    def _unknown(self, incident: Incident, clicked: MessageRef | None, why: str) -> str:
+        """Whether the patch landed is unknown: the incident stays `applying`; resume_applying
+        (the sweep) reads the workload again and finishes or reports it."""
+        self.messages.reply(incident, clicked, Note(text=f":hourglass: The cluster's answer was lost ({why}). "
+                                                         "The bot will check whether the change landed and report."))
+        return "unknown"
+
+    def resume_applying(self, cluster_name: str, grace: timedelta = APPLY_GRACE) -> list[str]:
+        """Sweep step: finish or report incidents left in `applying` (a restart, a lost answer,
+        a killed replica) for longer than `grace`. Each is taken over by a CAS first, so one
+        replica resumes it; the apply is idempotent (the audit record says whether it landed)."""
+        outcomes = []
+        for incident in self.store.list(cluster=cluster_name, state=S.APPLYING.value):
+            if incident.decided_at is None or incident.decided_at > self.clock() - grace:
+                continue
+            taken = self.cas.claim(incident.name, {S.APPLYING}, S.APPLYING, "resuming the apply after a lost answer",
+                                   approver=incident.approver or "unknown",
+                                   decided_before=self.clock() - grace)
+            if taken is None:
+                continue
+            try:
+                outcomes.append(self.apply_claimed(taken, taken.approver or "unknown", None))
+            except Exception:  # one bad incident must not stop the others
+                log.exception("resuming the apply of %s failed", incident.name)
+        return outcomes
 
     def _conflicted(self, name: str, result: ApplyResult, clicked: MessageRef | None) -> str:
         self.metrics.patches_failed.labels("conflict").inc()
@@ -87,8 +129,11 @@ class Decisions:
     def _refused_to_apply(self, name: str, why: str, clicked: MessageRef | None) -> str:
         """The stored proposal is not what re-deriving it gives now: nothing is applied."""
         log.warning("incident %s: apply refused: %s", name, why)
+        failed = self._finish(name, S.FAILED, f"apply refused: {why}")
+        if failed is None:
+            return "already_decided"
+        incident = failed
         self.metrics.patches_failed.labels("refused").inc()
-        incident = self.cas.move(name, S.FAILED, f"apply refused: {why}")
         self.messages.refresh(incident, clicked)
         self.messages.reply(incident, clicked, Note(text=f":no_entry: Not applied, nothing was changed: {why}. "
                                                          f"Run `/vllm why {incident.namespace}/{incident.workload}` "
@@ -107,18 +152,32 @@ class Decisions:
         return self.messages.refuse("replaced", clicked.channel if clicked else None, user,
                                     "Nothing was changed: this proposal was replaced; see the newest message.")
 
+    def _finish(self, name: str, to: IncidentState, note: str, **fields: object) -> Incident | None:
+        """Move out of `applying`, unless someone (a replica resuming it) already did: None then."""
+        def change(inc: Incident) -> Incident | None:
+            return moved(inc, to, self.clock(), note, **fields) if inc.state == S.APPLYING else None
+
+        incident = self.cas.mutate(name, change)
+        return incident if incident is not None and incident.state == to and incident.history[-1:] and \
+            incident.history[-1].endswith(note) else None
+
     def _apply(self, incident: Incident, user: str) -> ApplyResult:
         assert incident.proposal is not None
         try:
             return self.cluster.apply(incident.proposal, self.messages.actor(user))
+        except ClusterUnavailable as exc:  # it may have committed: the sweep reads it back later
+            log.warning("apply of %s: the cluster did not answer: %s", incident.name, exc)
+            return ApplyResult(ok=False, unknown=True, message=f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a cluster error must not leave the incident stuck in "applying"
             log.exception("apply of %s failed", incident.name)
             return ApplyResult(ok=False, message=f"{type(exc).__name__}: {exc}")
 
     def _applied(self, name: str, user: str, result: ApplyResult, clicked: MessageRef | None) -> str:
-        self.metrics.patches_applied.inc()
         change = AppliedChange(by=user, at=self.clock(), message=result.message)
-        incident = self.cas.move(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change)
+        incident = self._finish(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change)
+        if incident is None:
+            return "already_decided"  # another replica resumed and reported it
+        self.metrics.patches_applied.inc()
         self.messages.refresh(incident, clicked)
         self.messages.reply(incident, clicked, Note(text=f":white_check_mark: Applied by <@{user}>. "
                                                          f"{result.message}\nFollowing the rollout…"))

@@ -23,6 +23,9 @@ class ApplyResult(Model):
     message: str
     workload: WorkloadRef | None = None
     conflict: bool = False  # the workload changed since the proposal; re-diagnose
+    # The cluster's answer was ambiguous (5xx or timeout after the write may have committed) and
+    # reading back failed too: whether it applied is unknown; the sweeper finds out later.
+    unknown: bool = False
     changed_fields: list[str] = Field(default_factory=list)
 
 

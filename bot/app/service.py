@@ -96,8 +96,10 @@ class OncallService:
         return self.rollout.roll_back(name, user, clicked)
 
     def sweep(self) -> None:
-        """Periodic: post incidents whose post failed (the chat was down), expire old proposals."""
+        """Periodic: post incidents whose post failed (the chat was down), finish or report applies
+        left in `applying` (a lost answer, a killed replica), expire old proposals."""
         self.posting.post_pending()
+        self.decisions.resume_applying(self.cluster.name)
         self.expire()
 
     def expire(self) -> list[Incident]:
