@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from kubeapi.objects import container, crashing_deployment, deployment
+from kubeapi.server import Chaos
 from slack_bolt.request import BoltRequest
 from slackapi.requests import click_body, decision_value, signed_headers
 
 from bot.app.records import AlertTarget
 from bot.app.service import OncallService, Policy
+from bot.app.state import IncidentState
 from bot.kube.api import KubeApi
 from bot.kube.incidents import KubeIncidentStore
 from bot.kube.live import LiveCluster
@@ -31,23 +34,23 @@ ARGS = ["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"]
 
 
 class World:
-    def __init__(self, kube, slack):
+    def __init__(self, kube, slack, clock=None, extra=(), fresh=True):
         self.kube, self.slack = kube, slack
-        for name in ("vllm-a", "vllm-b"):
+        for name in ("vllm-a", "vllm-b", *extra) if fresh else ():
             crashing_deployment(kube, name=name, previous_log=EXAMPLE_LOG, containers=[container(
                 command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"], args=list(ARGS))])
-        # What an attacker would like to patch instead: another namespace's Deployment.
-        kube.put(deployment("vllm-a", [container(args=list(ARGS))], namespace="kube-system"))
+        if fresh:  # what an attacker would like to patch instead: another namespace's Deployment
+            kube.put(deployment("vllm-a", [container(args=list(ARGS))], namespace="kube-system"))
         self.kube_system_before = kube.get("Deployment", "vllm-a", "kube-system")["spec"]
         api = KubeApi(kube.api_client(), retry=RetryPolicy(attempts=3, initial=0.001, maximum=0.002,
-                                                           sleep=lambda s: None))
+                                                           sleep=lambda s: None), request_timeout=2)
         self.cluster = LiveCluster(api, name="prod", poll_seconds=0.01)
         self.store = KubeIncidentStore(api, "vllm-oncall")
         web = make_client("xoxb-test", slack.url)
         self.chat = SlackChat(web, "C0ALERTS", max_attempts=2, backoff_seconds=0.001, sleep=lambda s: None)
         self.service = OncallService(self.cluster, self.store, self.chat,
                                      Policy(approver_users=frozenset({APPROVER}), verify_timeout_seconds=0.05),
-                                     metrics=self.chat.metrics)
+                                     metrics=self.chat.metrics, **({"clock": clock} if clock else {}))
         self.app = build_app(self.service, web, signing_secret=SECRET, token_verification_enabled=False)
 
     def alert(self, workload: str):
@@ -210,3 +213,92 @@ def test_an_old_button_without_a_digest_is_refused_with_a_clear_message(world):
     world.click(incident.name, incident.slack_ts)
     assert world.patches() == [] and world.store.get(incident.name).state == "proposed"
     assert "older message" in world.told()[-1]
+
+
+# ---- exactly once under faults -------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        from bot.app.policy import utcnow
+
+        self.now, self.offset = utcnow, timedelta(0)
+
+    def __call__(self):
+        return self.now() + self.offset
+
+
+def faulty_world(kube, slack, n: int) -> tuple[World, list, Clock]:
+    clock = Clock()
+    world = World(kube, slack, clock=clock, extra=[f"vllm-c{i}" for i in range(n - 2)])
+    incidents = [world.alert(name) for name in ["vllm-a", "vllm-b"] + [f"vllm-c{i}" for i in range(n - 2)]]
+    return world, incidents, clock
+
+
+def audit_changes(world, name: str) -> list[dict]:
+    text = (world.kube.get("Deployment", name, NS)["metadata"].get("annotations") or {}).get(
+        "vllm-oncall.io/last-change")
+    return [r for r in json.loads(text or "[]") if r["action"] == "change"]
+
+
+def assert_exactly_once(world, incidents) -> dict[str, int]:
+    outcomes: dict[str, int] = {}
+    for incident in incidents:
+        final = world.store.get(incident.name)
+        outcomes[final.state] = outcomes.get(final.state, 0) + 1
+        assert final.state != "applying", f"{incident.name} is stuck"
+        records = audit_changes(world, incident.workload)
+        assert len(records) <= 1, f"{incident.workload} was patched twice"
+        if final.state in ("applied", "verified"):
+            assert records and records[0]["digest"] == final.proposal.digest  # applied: and it is on the workload
+        else:
+            assert final.state in ("failed", "proposed") and records == []  # refused or re-proposed: nothing applied
+        assert any(incident.slack_ts == c.params.get("thread_ts") for c in world.slack.replies()), "reported"
+    return outcomes
+
+
+def test_under_30_percent_injected_failures_every_approval_ends_applied_or_refused_once(kube_api, slack):
+    world, incidents, clock = faulty_world(kube_api, slack, 10)
+    chaos = kube_api.chaos = Chaos(0.3, seed=8, verbs={"patch", "update", "create"},
+                                   resources={"deployments", "vllmincidents"})
+    for incident in incidents:
+        try:
+            world.click(decision_value(incident), incident.slack_ts)
+        except AssertionError:
+            pass  # the click's listener died on a fault before answering: the sweep must recover it
+    for _ in range(5):  # later sweeps, still under faults
+        clock.offset += timedelta(minutes=5)
+        world.service.sweep()
+    kube_api.chaos = None
+    clock.offset += timedelta(minutes=5)
+    world.service.sweep()
+    injected = chaos.injected
+    outcomes = assert_exactly_once(world, incidents)
+    assert {when for _, _, when, _ in injected} == {"before", "after"}, injected  # both kinds really happened
+    assert outcomes.get("applied", 0) + outcomes.get("verified", 0) >= 1, outcomes
+
+
+@pytest.mark.parametrize("step", ["claim", "patch"])
+def test_a_kill_at_claim_or_patch_is_resumed_by_a_second_instance_once(kube_api, slack, step):
+    world, incidents, clock = faulty_world(kube_api, slack, 2)
+    incident = incidents[0]
+    # the instance dies: at "claim", right after its claim committed; at "patch", after the patch committed
+    if step == "claim":
+        world.service.decisions.cas.claim(incident.name, {IncidentState.PROPOSED}, IncidentState.APPLYING,
+                                          f"approved by {APPROVER}", approver=APPROVER,
+                                          digest=incident.proposal.digest)
+    else:
+        kube_api.fail_commit("patch", "deployments", "after", "drop")
+        kube_api.fail("get", "deployments", 503)  # and it cannot read back either: as good as dead
+        world.click(decision_value(incident), incident.slack_ts)
+        kube_api.commit_faults.clear()
+        kube_api.faults.clear()
+    assert world.store.get(incident.name).state == "applying"
+    second = World(kube_api, slack, clock=clock, fresh=False)  # another replica over the same store
+    second.service.sweep()
+    assert world.store.get(incident.name).state == "applying", "within the grace period nobody takes it over"
+    clock.offset += timedelta(minutes=5)
+    second.service.sweep()
+    world.service.sweep()  # the first one, restarted, sweeps too: nothing happens twice
+    assert world.store.get(incident.name).state in ("applied", "verified")
+    assert len(audit_changes(world, incident.workload)) == 1
+    assert len([c for c in world.patches() if c.code == 200 or c.committed]) == 1
