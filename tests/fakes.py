@@ -33,6 +33,7 @@ class FakeCluster:
                                          kv_cache_line="GPU KV cache size: 18,432 tokens",
                                          concurrency_line="Maximum concurrency for 18,432 tokens per request: 1.00x")
         self.applied: list[tuple[str, str]] = []  # (proposal id, actor)
+        self.landed: set[str] = set()  # proposal ids whose apply succeeded (what the workload's audit record says)
         self.rolled_back: list[tuple[str, str]] = []
         self.collected = 0
         self._lock = threading.Lock()
@@ -83,12 +84,20 @@ class FakeCluster:
         with self._lock:
             self.applied.append((proposal.id, actor))
             result = self.apply_results.pop(0) if self.apply_results else None
+            if result is None or result.ok:
+                self.landed.add(proposal.id)
         return result or ApplyResult(ok=True, message="Deployment inference/x patched (generation 4)",
                                      workload=proposal.workload)
+
+    def was_applied(self, proposal: Proposal) -> ApplyResult | None:
+        with self._lock:
+            done = proposal.id in self.landed
+        return ApplyResult(ok=True, message="already applied", workload=proposal.workload) if done else None
 
     def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
         with self._lock:
             self.rolled_back.append((workload_name, actor))
+            self.landed.clear()  # the audit record of the change is marked rolled back
         return ApplyResult(ok=True, message="previous command line restored")
 
     def verify(self, workload: WorkloadRef, timeout_seconds: float) -> Verification:

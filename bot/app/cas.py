@@ -8,6 +8,7 @@ state and does nothing, so a double click, two approvers or two replicas act exa
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
@@ -63,19 +64,51 @@ class IncidentCas:
         return incident
 
     def claim(self, name: str, from_states: Collection[IncidentState], to: IncidentState, note: str,
-              approver: str | None = None) -> Incident | None:
+              approver: str | None = None, digest: str | None = None,
+              decided_before: datetime | None = None) -> Incident | None:
         """Move the incident from one of `from_states` to `to` by CAS (recording `approver` and
         the decision time when given). Returns it if this call made the move, None if it was no
-        longer in those states. A lost race against an unrelated write (a repeat alert's
+        longer in those states (or, with `digest`, its proposal is no longer that one; with
+        `decided_before`, it was decided at or after that time, i.e. someone took it over since).
+
+        A write that committed but answered an error (the API retried it into a 409, or it
+        failed for good) is read back: if the stored incident is this call's write, it claimed. A lost race against an unrelated write (a repeat alert's
         counters) is retried; a lost race against another decision is not."""
         for _ in range(ATTEMPTS):
             incident = self.store.get(name)
             if incident is None or incident.state not in from_states:
                 return None
+            if digest is not None and (incident.proposal is None or incident.proposal.digest != digest):
+                return None
+            if decided_before is not None and (incident.decided_at is None or incident.decided_at >= decided_before):
+                return None
             now = self.clock()
             decided = {"approver": approver, "decided_at": now} if approver is not None else {}
+            # The claim's own token in its history line: a write read back is recognised as ours.
+            token = f"[claim {uuid.uuid4().hex[:8]}]"
+            mine = moved(incident, to, now, f"{note} {token}", **decided)
             try:
-                return self.store.update(moved(incident, to, now, note, **decided))
+                return self.store.update(mine)
             except IncidentConflict:
+                own = self._own_write(name, mine, token)
+                if own is not None:
+                    return own
                 continue
+            except Exception:
+                own = self._own_write(name, mine, token)
+                if own is not None:
+                    return own
+                raise
+        return None
+
+    def _own_write(self, name: str, mine: Incident, token: str) -> Incident | None:
+        """The stored incident if it is `mine` (a write that committed although it answered an
+        error): its last history line carries this claim's token (the store may mask other text)."""
+        try:
+            stored = self.store.get(name)
+        except Exception:
+            return None
+        if stored is not None and stored.state == mine.state and stored.history[-1:] and \
+                stored.history[-1].endswith(token):
+            return stored
         return None

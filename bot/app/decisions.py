@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
+from bot.app.errors import ClusterUnavailable
 from bot.app.incidents import incident_name
 from bot.app.intake import Intake
 from bot.app.messages import Messages
@@ -22,9 +23,13 @@ from bot.app.proposals import Proposer, offers_button, open_state
 from bot.app.records import AlertTarget, AppliedChange, ApplyResult, Incident, MessageRef, Note
 from bot.app.state import IncidentState
 from bot.diagnosis.redact import redact
+from bot.remedy import changes as ch
 
 log = logging.getLogger(__name__)
 S = IncidentState
+# How long an incident may sit in `applying` before the sweep assumes its applier died or lost
+# the answer, and resumes it (longer than one apply with its retries takes).
+APPLY_GRACE = timedelta(minutes=2)
 
 
 class Decisions:
@@ -36,56 +41,160 @@ class Decisions:
         self.follow_rollout = follow_rollout  # after a successful apply: verify, maybe later
         self.clock = clock
 
-    def approve(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
-        """Returns what happened: applied | failed | conflict | not_allowed | expired | ..."""
-        incident, refusal = self._decidable(name, user, clicked, "approve")
-        if incident is None:
+    def approve(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+        """Returns what happened: applied | failed | conflict | refused | replaced | not_allowed | ...
+
+        `digest`: the digest of the proposal the approver saw (the button carries it); None only
+        for callers that show no message (the terminal, the demo): then the current proposal."""
+        incident, refusal = self._decidable(name, user, clicked, "approve", digest)
+        if incident is None or incident.proposal is None:
             return refusal or "refused"
-        # The one step that makes approval single-use: proposed -> applying, by CAS.
-        claimed = self.cas.claim(name, {S.PROPOSED}, S.APPLYING, f"approved by {user}", approver=user)
+        # The one step that makes approval single-use: proposed -> applying, by CAS, and only
+        # while the proposal is still the one decided on.
+        seen = incident.proposal.digest
+        claimed = self.cas.claim(name, {S.PROPOSED}, S.APPLYING, f"approved by {user} (proposal {seen[:12]})",
+                                 approver=user, digest=seen)
         if claimed is None:
-            return self.messages.someone_else_first(self.store.get(name), clicked, user)
+            return self._lost(name, clicked, user, seen)
         self.metrics.approvals.inc()
         self.messages.refresh(claimed, clicked)
+        return self.apply_claimed(claimed, user, clicked)
+
+    def apply_claimed(self, claimed: Incident, user: str, clicked: MessageRef | None) -> str:
+        """Apply the proposal of an incident this call holds in `applying`, after re-deriving it."""
+        name, stored = claimed.name, claimed.proposal
+        assert stored is not None
+        try:  # an earlier attempt (a lost answer, a killed replica) may have applied it already
+            done = self.cluster.was_applied(stored)
+        except Exception as exc:
+            log.warning("incident %s: cannot tell whether it was applied yet: %s", name, exc)
+            return self._unknown(claimed, clicked, f"{type(exc).__name__}: {exc}")
+        if done is not None:
+            return self._applied(name, user, done, clicked)
+        check = self.proposer.recheck(name, stored)
+        if check.conflict and check.fresh is not None:
+            fields = ch.changed_fields(stored.container_before, check.fresh.container_before)
+            result = ApplyResult(ok=False, conflict=True, workload=stored.workload, changed_fields=fields,
+                                 message=check.reason)
+            return self._conflicted(name, result, clicked)
+        if not check.ok:
+            return self._refused_to_apply(name, check.refused or "re-derivation failed", clicked)
         result = self._apply(claimed, user)
         if result.ok:
             return self._applied(name, user, result, clicked)
+        if result.unknown:
+            return self._unknown(claimed, clicked, result.message)
         if result.conflict:
-            self.metrics.patches_failed.labels("conflict").inc()
-            self._after_conflict(name, result, clicked)
-            return "conflict"
+            return self._conflicted(name, result, clicked)
+        failed = self._finish(name, S.FAILED, f"patch failed: {result.message}")
+        if failed is None:
+            return "already_decided"
+        incident = failed
         self.metrics.patches_failed.labels("error").inc()
-        incident = self.cas.move(name, S.FAILED, f"patch failed: {result.message}")
         self.messages.refresh(incident, clicked)
         self.messages.reply(incident, clicked, Note(text=f":x: The patch failed, nothing was changed: "
                                                          f"{result.message}"))
         return "failed"
 
+    def _unknown(self, incident: Incident, clicked: MessageRef | None, why: str) -> str:
+        """Whether the patch landed is unknown: the incident stays `applying`; resume_applying
+        (the sweep) reads the workload again and finishes or reports it."""
+        self.messages.reply(incident, clicked, Note(text=f":hourglass: The cluster's answer was lost ({why}). "
+                                                         "The bot will check whether the change landed and report."))
+        return "unknown"
+
+    def resume_applying(self, cluster_name: str, grace: timedelta = APPLY_GRACE) -> list[str]:
+        """Sweep step: finish or report incidents left in `applying` (a restart, a lost answer,
+        a killed replica) for longer than `grace`. Each is taken over by a CAS first, so one
+        replica resumes it; the apply is idempotent (the audit record says whether it landed)."""
+        outcomes = []
+        for incident in self.store.list(cluster=cluster_name, state=S.APPLYING.value):
+            if incident.decided_at is None or incident.decided_at > self.clock() - grace:
+                continue
+            taken = self.cas.claim(incident.name, {S.APPLYING}, S.APPLYING, "resuming the apply after a lost answer",
+                                   approver=incident.approver or "unknown",
+                                   decided_before=self.clock() - grace)
+            if taken is None:
+                continue
+            try:
+                outcomes.append(self.apply_claimed(taken, taken.approver or "unknown", None))
+            except Exception:  # one bad incident must not stop the others
+                log.exception("resuming the apply of %s failed", incident.name)
+        return outcomes
+
+    def _conflicted(self, name: str, result: ApplyResult, clicked: MessageRef | None) -> str:
+        self.metrics.patches_failed.labels("conflict").inc()
+        self._after_conflict(name, result, clicked)
+        return "conflict"
+
+    def _refused_to_apply(self, name: str, why: str, clicked: MessageRef | None) -> str:
+        """The stored proposal is not what re-deriving it gives now: nothing is applied."""
+        log.warning("incident %s: apply refused: %s", name, why)
+        failed = self._finish(name, S.FAILED, f"apply refused: {why}")
+        if failed is None:
+            return "already_decided"
+        incident = failed
+        self.metrics.patches_failed.labels("refused").inc()
+        self.messages.refresh(incident, clicked)
+        self.messages.reply(incident, clicked, Note(text=f":no_entry: Not applied, nothing was changed: {why}. "
+                                                         f"Run `/vllm why {incident.namespace}/{incident.workload}` "
+                                                         "for a fresh proposal."))
+        return "refused"
+
+    def _lost(self, name: str, clicked: MessageRef | None, user: str, seen: str) -> str:
+        """The claim did not happen: another decision came first, or the proposal was replaced."""
+        current = self.store.get(name)
+        if current is not None and current.state == S.PROPOSED and current.proposal is not None \
+                and current.proposal.digest != seen:
+            return self._replaced(clicked, user)
+        return self.messages.someone_else_first(current, clicked, user)
+
+    def _replaced(self, clicked: MessageRef | None, user: str) -> str:
+        return self.messages.refuse("replaced", clicked.channel if clicked else None, user,
+                                    "Nothing was changed: this proposal was replaced; see the newest message.")
+
+    def _finish(self, name: str, to: IncidentState, note: str, **fields: object) -> Incident | None:
+        """Move out of `applying`, unless someone (a replica resuming it) already did: None then."""
+        def change(inc: Incident) -> Incident | None:
+            return moved(inc, to, self.clock(), note, **fields) if inc.state == S.APPLYING else None
+
+        incident = self.cas.mutate(name, change)
+        # The store keeps history redacted: our own line may come back with its secrets masked.
+        ours = (note, self.proposer.policy.redactor.text(note))
+        return incident if incident is not None and incident.state == to and incident.history[-1:] and \
+            incident.history[-1].endswith(ours) else None
+
     def _apply(self, incident: Incident, user: str) -> ApplyResult:
         assert incident.proposal is not None
         try:
             return self.cluster.apply(incident.proposal, self.messages.actor(user))
+        except ClusterUnavailable as exc:  # it may have committed: the sweep reads it back later
+            log.warning("apply of %s: the cluster did not answer: %s", incident.name, exc)
+            return ApplyResult(ok=False, unknown=True, message=f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a cluster error must not leave the incident stuck in "applying"
             log.exception("apply of %s failed", incident.name)
             return ApplyResult(ok=False, message=f"{type(exc).__name__}: {exc}")
 
     def _applied(self, name: str, user: str, result: ApplyResult, clicked: MessageRef | None) -> str:
-        self.metrics.patches_applied.inc()
         change = AppliedChange(by=user, at=self.clock(), message=result.message)
-        incident = self.cas.move(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change)
+        incident = self._finish(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change)
+        if incident is None:
+            return "already_decided"  # another replica resumed and reported it
+        self.metrics.patches_applied.inc()
         self.messages.refresh(incident, clicked)
         self.messages.reply(incident, clicked, Note(text=f":white_check_mark: Applied by <@{user}>. "
                                                          f"{result.message}\nFollowing the rollout…"))
         self.follow_rollout(name, clicked)
         return "applied"
 
-    def reject(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
-        incident, refusal = self._decidable(name, user, clicked, "reject")
-        if incident is None:
+    def reject(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+        incident, refusal = self._decidable(name, user, clicked, "reject", digest)
+        if incident is None or incident.proposal is None:
             return refusal or "refused"
-        claimed = self.cas.claim(name, {S.PROPOSED}, S.REJECTED, f"rejected by {user}", approver=user)
+        seen = incident.proposal.digest
+        claimed = self.cas.claim(name, {S.PROPOSED}, S.REJECTED, f"rejected by {user}", approver=user, digest=seen)
         if claimed is None:
-            return self.messages.someone_else_first(self.store.get(name), clicked, user)
+            return self._lost(name, clicked, user, seen)
         self.metrics.rejections.inc()
         self.messages.refresh(claimed, clicked)
         return "rejected"
@@ -113,7 +222,7 @@ class Decisions:
             self.messages.refresh(incident)
         return incident
 
-    def _decidable(self, name: str, user: str, clicked: MessageRef | None, verb: str
+    def _decidable(self, name: str, user: str, clicked: MessageRef | None, verb: str, digest: str | None
                    ) -> tuple[Incident | None, str | None]:
         """The incident if `user` may decide on its proposal now; else (None, refusal reason)."""
         channel = clicked.channel if clicked else None
@@ -125,7 +234,13 @@ class Decisions:
         incident = self.store.get(name)
         if incident is None or incident.proposal is None:
             return None, refuse("unknown", channel, user, "This proposal no longer exists. Nothing was changed.")
+        if clicked is not None and not incident.shown_on(clicked):
+            # Another incident's button value on this message (a forged or replayed payload).
+            return None, refuse("wrong_message", channel, user,
+                                "Nothing was changed: this button does not belong to the message it was clicked on.")
         channel = channel or incident.slack_channel
+        if digest is not None and digest != incident.proposal.digest:
+            return None, self._replaced(clicked, user)
         if incident.proposal.approvals_off or self.proposer.policy.proposals_only:
             return None, refuse("proposals_only", channel, user,
                                 f"Nothing was changed: this bot runs in {PROPOSALS_ONLY}")

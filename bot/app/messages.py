@@ -22,7 +22,10 @@ class Messages:
         targets = []
         if incident.slack_ts and incident.slack_channel:
             targets.append(MessageRef(channel=incident.slack_channel, ts=incident.slack_ts))
-        if clicked and clicked not in targets:
+        # Every copy shows the current record, so no visible button carries a replaced digest (a
+        # copy that could not be updated keeps its old digest, and its clicks are refused).
+        targets += [copy for copy in incident.copies if copy not in targets]
+        if clicked and clicked not in targets and incident.shown_on(clicked):
             targets.append(clicked)
         for message in targets:
             try:

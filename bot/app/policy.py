@@ -6,6 +6,9 @@ import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
+from bot.diagnosis.redact import Redactor
+
 
 @dataclass
 class Policy:
@@ -18,6 +21,9 @@ class Policy:
     group_cache_seconds: float = 60
     # Proposals-only mode: diagnose and show the exact change, never offer or accept Approve.
     proposals_only: bool = False
+    # The redaction the incident store and the chat apply (built-in rules + configured patterns):
+    # a proposal is sealed in the form it is stored and shown, so its digest survives the store.
+    redactor: Redactor = field(default=DEFAULT_REDACTOR)
 
 
 PROPOSALS_ONLY = ("proposals-only mode: this is the change the bot would make; nothing will be applied. "

@@ -62,7 +62,13 @@ class ClusterPort(Protocol):
         again), bound to that state, dry-run checked; None if the diagnosis has no change."""
 
     def apply(self, proposal: Proposal, actor: str) -> ApplyResult:
-        """Conditional patch (test ops + resourceVersion), audit annotation and Event."""
+        """Conditional patch (test ops + resourceVersion), audit annotation and Event. Idempotent:
+        a proposal whose audit record the workload already carries is not patched again, and an
+        ambiguous answer (5xx, timeout) is read back before it is reported."""
+
+    def was_applied(self, proposal: Proposal) -> ApplyResult | None:
+        """The result of an earlier apply of this proposal, if the workload carries its audit
+        record (whatever the API answered then); None if it does not."""
 
     def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
         """Restore the command line recorded by the last applied change."""

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from bot.app.incidents import incident_name
 from bot.app.policy import PROPOSALS_ONLY, Policy
 from bot.app.ports import ClusterPort
 from bot.app.state import IncidentState
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import Proposal, WorkloadRef
+from bot.remedy.plan import redact_proposal
 
 
 def offers_button(proposal: Proposal | None) -> bool:
@@ -55,4 +59,71 @@ class Proposer:
         update: dict[str, object] = {"created_at": created, "expires_at": created + self.policy.proposal_ttl}
         if self.policy.proposals_only:
             update["approvals_off"] = PROPOSALS_ONLY
-        return proposal.model_copy(update=update)
+        # Sealed as it will be stored and shown: secrets in command lines and patch values masked
+        # (the apply path restores them from the live object), so the digest the button carries
+        # is the digest of the stored record.
+        return redact_proposal(proposal.model_copy(update=update), self.policy.redactor).sealed()
+
+    def recheck(self, name: str, stored: Proposal) -> Recheck:
+        """Re-derive incident `name`'s proposal now, from the live workload, its pod's evidence
+        and the playbooks, and compare it with the `stored` one (which is data in the incident
+        store that someone may have edited). Only `Recheck.ok` may be applied."""
+        if stored.digest and not stored.intact():  # "": a record from before digests; re-derived all the same
+            return Recheck(refused="the stored proposal was edited (its digest does not match its content)")
+        w = stored.workload
+        if stored.cluster != self.cluster.name or incident_name(self.cluster.name, w.namespace, w.name,
+                                                                stored.cause) != name:
+            return Recheck(refused=f"the stored proposal names {w.kind} {w.namespace}/{w.name} ({stored.cause}) "
+                                   f"in cluster {stored.cluster}, which is not what incident {name} is about")
+        try:
+            pod = self.cluster.resolve_pod(w.namespace, w.name)
+            evidence = self.cluster.collect(w.namespace, pod, w.container)
+            diagnosis = self.diagnose(evidence)
+            fresh = self.propose(diagnosis, evidence, self.cluster.workload_for(evidence))
+        except Exception as exc:  # nothing re-derived: nothing applied
+            return Recheck(refused=f"could not re-derive the proposal from the cluster: {type(exc).__name__}: {exc}")
+        if fresh is None:
+            return Recheck(refused="re-deriving it now proposes no change", diagnosis=diagnosis)
+        if fresh.target() != stored.target():
+            return Recheck(refused="the stored proposal's target is not the workload it was derived for "
+                                   f"({_target_text(stored)} stored, {_target_text(fresh)} now)",
+                           fresh=fresh, diagnosis=diagnosis)
+        if fresh.container_before != stored.container_before or fresh.cause != stored.cause:
+            return Recheck(conflict=True, fresh=fresh, diagnosis=diagnosis,  # edited since: re-propose
+                           reason="Re-derived against the live workload: it was edited since the proposal.")
+        if _comparable(fresh) != _comparable(stored):
+            # The evidence now gives other values, or the stored record was edited: either way the
+            # stored patch is not applied, and the incident is re-proposed from what is true now.
+            return Recheck(conflict=True, fresh=fresh, diagnosis=diagnosis,
+                           reason="The stored proposal's changes or patch are not what the playbook derives from "
+                                  "the evidence now, so it was not applied.")
+        return Recheck(ok=True, fresh=fresh, diagnosis=diagnosis)
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """What re-deriving a stored proposal found: ok (apply it), conflict (the workload was edited
+    since: re-propose), or refused (why it must not be applied)."""
+
+    ok: bool = False
+    conflict: bool = False
+    refused: str | None = None
+    reason: str = ""  # for a conflict: what differs
+    fresh: Proposal | None = None
+    diagnosis: DiagnosisResult | None = None
+
+
+def _target_text(p: Proposal) -> str:
+    t = p.target()
+    return f"{t['kind']} {t['namespace']}/{t['name']} uid {t['uid']} container {t['container']}"
+
+
+def _comparable(p: Proposal) -> dict[str, Any]:
+    """The content that must be equal: all of it but the id and the resourceVersion the patch is
+    conditional on (status writes move it; apply re-bases the test on the version it reads, and
+    the generation test, which only spec edits move, stays as derived)."""
+    content = p.content()
+    content.pop("id")
+    content["json_patch"] = [{**op, "value": None} if op.get("op") == "test" and op.get("path") ==
+                             "/metadata/resourceVersion" else op for op in p.json_patch]
+    return content

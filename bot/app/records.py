@@ -12,11 +12,20 @@ from bot.diagnosis.models import DiagnosisResult
 from bot.remedy.models import Model, Proposal, WorkloadRef
 
 
+class MessageRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    channel: str
+    ts: str
+
+
 class ApplyResult(Model):
     ok: bool
     message: str
     workload: WorkloadRef | None = None
     conflict: bool = False  # the workload changed since the proposal; re-diagnose
+    # The cluster's answer was ambiguous (5xx or timeout after the write may have committed) and
+    # reading back failed too: whether it applied is unknown; the sweeper finds out later.
+    unknown: bool = False
     changed_fields: list[str] = Field(default_factory=list)
 
 
@@ -70,6 +79,9 @@ class Incident(Model):
     alert_count: int = 1
     slack_channel: str | None = None
     slack_ts: str | None = None
+    # Other messages that show this incident (`/vllm why` in another channel, the message a
+    # re-diagnosis replaced): re-rendered with it, and a click counts only on one of these or slack_ts.
+    copies: list[MessageRef] = Field(default_factory=list)
     proposal: Proposal | None = None
     diagnosis: DiagnosisResult | None = None
     approver: str | None = None
@@ -78,18 +90,20 @@ class Incident(Model):
     post_lease: PostLease | None = None  # None: nobody is posting it (or it is posted)
     applied: AppliedChange | None = None
     history: list[str] = Field(default_factory=list)  # for people only: never parsed
+
+    def shown_on(self, message: MessageRef) -> bool:
+        """`message` is one of this incident's own messages."""
+        return message == self.message_ref() or message in self.copies
+
+    def message_ref(self) -> MessageRef | None:
+        return MessageRef(channel=self.slack_channel, ts=self.slack_ts) if self.slack_channel and self.slack_ts \
+            else None
     version: str | None = None  # store's concurrency token (resourceVersion or file mtime)
 
     @field_serializer("state")
     def _plain_state(self, state: str) -> str:
         """Stored as the plain string, also when a model_copy(update=...) put one in unchecked."""
         return str(state)
-
-
-class MessageRef(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    channel: str
-    ts: str
 
 
 class Note(BaseModel):

@@ -80,12 +80,13 @@ class OncallService:
     def is_approver(self, user: str) -> bool:
         return self.approvers.is_approver(user)
 
-    def approve(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
-        """Returns what happened: applied | failed | conflict | not_allowed | expired | ..."""
-        return self.decisions.approve(name, user, clicked)
+    def approve(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+        """Returns what happened: applied | failed | conflict | refused | replaced | not_allowed | ...
+        `digest`: the proposal the approver saw (the chat adapters always pass the button's)."""
+        return self.decisions.approve(name, user, clicked, digest)
 
-    def reject(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
-        return self.decisions.reject(name, user, clicked)
+    def reject(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+        return self.decisions.reject(name, user, clicked, digest)
 
     def verify(self, name: str, clicked: MessageRef | None = None) -> Incident | None:
         """Follow the rollout and report it in the thread."""
@@ -95,8 +96,10 @@ class OncallService:
         return self.rollout.roll_back(name, user, clicked)
 
     def sweep(self) -> None:
-        """Periodic: post incidents whose post failed (the chat was down), expire old proposals."""
+        """Periodic: post incidents whose post failed (the chat was down), finish or report applies
+        left in `applying` (a lost answer, a killed replica), expire old proposals."""
         self.posting.post_pending()
+        self.decisions.resume_applying(self.cluster.name)
         self.expire()
 
     def expire(self) -> list[Incident]:

@@ -41,7 +41,8 @@ ROLLBACK_FROM = frozenset({S.APPLIED, S.VERIFIED, S.FAILED})  # states whose cha
 TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
     S.PROPOSED: OPEN | {S.APPLYING, S.REJECTED, S.EXPIRED, S.RESOLVED},
     S.DIAGNOSED: OPEN | {S.RESOLVED},
-    S.APPLYING: OPEN | {S.APPLIED, S.FAILED},
+    # applying -> applying: the sweep takes over an apply whose applier died or lost the answer.
+    S.APPLYING: OPEN | {S.APPLYING, S.APPLIED, S.FAILED},
     S.APPLIED: OPEN | {S.VERIFIED, S.FAILED, S.ROLLED_BACK, S.RESOLVED},
     S.VERIFIED: OPEN | {S.ROLLED_BACK, S.RESOLVED},
     S.FAILED: OPEN | {S.ROLLED_BACK, S.RESOLVED},

@@ -16,12 +16,20 @@ from bot.app.policy import Policy
 from bot.app.ports import ChatPort, ChatUnavailable, ClusterPort, IncidentStore, PodNotFound
 from bot.app.posting import Poster
 from bot.app.proposals import Proposer, offers_button, open_state
-from bot.app.records import AlertTarget, Incident
+from bot.app.records import AlertTarget, Incident, MessageRef
 from bot.app.state import IncidentState, can_move
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import WorkloadRef
 
 log = logging.getLogger(__name__)
+
+
+MAX_COPIES = 10  # messages re-rendered per incident (the oldest drop off; their clicks are refused)
+
+
+def with_copy(incident: Incident, message: MessageRef | None) -> list[MessageRef]:
+    copies = [c for c in incident.copies if c != message]
+    return (copies + [message])[-MAX_COPIES:] if message is not None else copies
 
 
 class Why:
@@ -60,10 +68,11 @@ class Why:
         if self._show_as_is(existing):
             # Same incident, same proposal: show it here too; a click on either message acts once.
             try:
-                self.chat.post_incident(existing, channel)
+                copy = self.chat.post_incident(existing, channel)
             except ChatUnavailable as exc:
                 log.warning("could not answer /vllm why in %s: %s", channel, exc)
-            return existing
+                return existing
+            return self.cas.mutate(key, lambda inc: inc.model_copy(update={"copies": with_copy(inc, copy)}))
         return self._rediagnose(key, pod, diagnosis, evidence, workload, channel, user)
 
     def _show_as_is(self, incident: Incident) -> bool:
@@ -84,6 +93,7 @@ class Why:
             return moved(inc, open_state(proposal), now, f"re-diagnosed on /vllm why by {user} (was {inc.state})",
                          proposal=proposal, diagnosis=diagnosis, approver=None, decided_at=None, last_seen=now,
                          pods=inc.pods + ([pod] if pod not in inc.pods else []),
+                         copies=with_copy(inc, inc.message_ref()),  # the old message is re-rendered too
                          slack_channel=channel, slack_ts=None,  # the new message becomes the incident's
                          post_lease=lease)
 

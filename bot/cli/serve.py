@@ -326,7 +326,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                     approver_groups=frozenset(settings.approver_groups),
                     proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                     verify_timeout_seconds=settings.verify_timeout_seconds,
-                    default_namespace=settings.default_namespace)
+                    default_namespace=settings.default_namespace, redactor=redactor)
     service = OncallService(cluster, store, chat, policy, metrics, **_diagnose_kw(books))
     _wire_commentary(service, metrics, redactor)
     app = build_app(service, client, signing_secret=settings.slack_signing_secret,

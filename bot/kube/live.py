@@ -15,7 +15,7 @@ from bot.app.records import ApplyResult, Verification
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.kube.api import KubeApi, api_client_from_environment
 from bot.kube.collect import HEAD_BYTES, TAIL_LINES, age_key, collect, get_pod_or_suggest
-from bot.kube.errors import KubeConflict, KubeError, KubeInvalid, PodGone
+from bot.kube.errors import KubeConflict, KubeError, KubeForbidden, KubeInvalid, PodGone
 from bot.kube.retry import RetryPolicy
 from bot.kube.verify import follow_rollout, pod_state, selector_string
 from bot.remedy import changes as ch
@@ -133,6 +133,21 @@ class LiveCluster:
                                                                   f"{exc.server_message}"})
 
     # -- applying
+    def was_applied(self, proposal: Proposal) -> ApplyResult | None:
+        ref = proposal.workload
+        current = self.api.find_workload(ref.kind, ref.namespace, ref.name)
+        return self._already(proposal, current) if current is not None else None
+
+    def _already(self, proposal: Proposal, current: dict[str, Any]) -> ApplyResult | None:
+        """An ok result if `current` carries this proposal's audit record: it was applied."""
+        record = plan.applied_record(proposal, current)
+        if record is None:
+            return None
+        ref = proposal.workload
+        return ApplyResult(ok=True, changed_fields=plan.fields_changed_by(record),
+                           workload=ref.model_copy(update={"resource_version": current["metadata"]["resourceVersion"]}),
+                           message=f"patched {ref.kind} {ref.namespace}/{ref.name}: {plan.describe_record(record)}")
+
     def apply(self, proposal: Proposal, actor: str) -> ApplyResult:
         ref = proposal.workload
         if ref.live_patch_blocked:
@@ -140,6 +155,12 @@ class LiveCluster:
         current = self.api.find_workload(ref.kind, ref.namespace, ref.name)
         if current is None:
             return ApplyResult(ok=False, workload=ref, message=f"{ref.kind} {ref.namespace}/{ref.name} no longer exists")
+        if ref.uid and current["metadata"].get("uid") != ref.uid:
+            return ApplyResult(ok=False, workload=ref, message=f"refused: {ref.kind} {ref.namespace}/{ref.name} was "
+                                                               "deleted and re-created since the proposal")
+        done = self._already(proposal, current)  # an earlier attempt committed (its answer was lost)
+        if done is not None:
+            return done
         refused = self._refuse_if_edited(proposal, current)
         if refused:
             return refused
@@ -150,17 +171,36 @@ class LiveCluster:
         try:
             patched = self.api.patch_workload(ref.kind, ref.namespace, ref.name, self._rebased(proposal, current)
                                               + audit)
-        except KubeConflict as exc:
-            # Lost a race between our read and our write: report what changed.
-            latest = self.api.get_workload(ref.kind, ref.namespace, ref.name)
-            return self._refuse_if_edited(proposal, latest) or ApplyResult(
-                ok=False, conflict=True, workload=ref,
-                message=f"{ref.kind} {ref.name} changed while patching ({exc.server_message}); re-diagnose")
+        except (KubeForbidden, KubeInvalid):
+            raise  # refused outright: nothing was written
+        except KubeError as exc:  # a conflict, a 5xx, a timeout: it may have committed
+            return self._after_patch_error(proposal, exc)
         message = plan.describe_record(record)
         self._event(patched, "VllmOncallChange", f"{message} [cluster {self.name}]")
         new_ref = ref.model_copy(update={"resource_version": patched["metadata"]["resourceVersion"]})
         return ApplyResult(ok=True, workload=new_ref, changed_fields=plan.fields_changed_by(record),
                            message=f"patched {ref.kind} {ref.namespace}/{ref.name}: {message}")
+
+    def _after_patch_error(self, proposal: Proposal, exc: KubeError) -> ApplyResult:
+        """The patch answered an error. It may have committed all the same (a 5xx or a timeout
+        after the write; a retry of a committed patch then fails its own `test` ops): read the
+        workload back, and its audit record says whether it did."""
+        ref = proposal.workload
+        try:
+            latest = self.api.get_workload(ref.kind, ref.namespace, ref.name)
+        except KubeError as read_exc:
+            return ApplyResult(ok=False, unknown=True, workload=ref,
+                               message=f"the patch answered {exc.server_message!r} and reading it back failed "
+                                       f"({read_exc.server_message}); whether it applied is checked again later")
+        done = self._already(proposal, latest)
+        if done is not None:
+            log.warning("patch of %s/%s answered %s but had committed", ref.namespace, ref.name, exc.server_message)
+            return done
+        if isinstance(exc, KubeConflict):  # lost a race between our read and our write: report what changed
+            return self._refuse_if_edited(proposal, latest) or ApplyResult(
+                ok=False, conflict=True, workload=ref,
+                message=f"{ref.kind} {ref.name} changed while patching ({exc.server_message}); re-diagnose")
+        return ApplyResult(ok=False, workload=ref, message=f"not applied (read back: unchanged): {exc.server_message}")
 
     def _refuse_if_edited(self, proposal: Proposal, current: dict[str, Any]) -> ApplyResult | None:
         ref = proposal.workload

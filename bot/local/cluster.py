@@ -151,10 +151,19 @@ class LocalCluster:
         return proposal.model_copy(update={"dry_run_ok": True, "dry_run_message":
                                            "applies to the local copy (no API server to dry-run against)"})
 
+    def was_applied(self, proposal: Proposal) -> ApplyResult | None:
+        record = plan.applied_record(proposal, self._current())
+        return None if record is None else ApplyResult(
+            ok=True, workload=proposal.workload, changed_fields=plan.fields_changed_by(record),
+            message=f"already applied: {plan.describe_record(record)}")
+
     def apply(self, proposal: Proposal, actor: str) -> ApplyResult:
         ref = proposal.workload
         if ref.live_patch_blocked:
             return ApplyResult(ok=False, workload=ref, message=f"not patched: {ref.live_patch_blocked}")
+        done = self.was_applied(proposal)
+        if done is not None:
+            return done
         current = self._current()
         diff = plan.conflict_with(proposal, current)
         ops = plan.rebase(proposal.json_patch, current)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +25,7 @@ class WorkloadRef(Model):
     container: str
     api_version: str = "apps/v1"
     resource_version: str | None = None
+    uid: str | None = None  # the object's metadata.uid: a workload deleted and re-created is another one
     # Why a live patch is not offered (bare Pod, foreign controller, GitOps/Helm owner), or None.
     live_patch_blocked: str | None = None
     managed_by: str | None = None  # "argocd" | "flux" | "helm" | None
@@ -49,5 +52,35 @@ class Proposal(Model):
     approvals_off: str | None = None
     created_at: datetime
     expires_at: datetime
+    # sha256 of `content()`; set by `sealed()`. The Approve button carries it, so a click applies
+    # only the record that message showed; "" on records written before digests existed.
+    digest: str = ""
+
+    def target(self) -> dict[str, Any]:
+        """The object the patch goes to."""
+        w = self.workload
+        return {"cluster": self.cluster, "kind": w.kind, "namespace": w.namespace, "name": w.name,
+                "uid": w.uid, "container": w.container}
+
+    def content(self) -> dict[str, Any]:
+        """Everything an approver is shown and the cluster is sent: the target, the exact
+        changes, the command lines and the JSON Patch."""
+        return {"id": self.id, "target": self.target(), "cause": self.cause,
+                "changes": [c.model_dump(mode="json") for c in self.changes],
+                "command_before": self.command_before, "command_after": self.command_after,
+                "json_patch": self.json_patch}
+
+    def content_digest(self) -> str:
+        canonical = json.dumps(self.content(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def sealed(self) -> Proposal:
+        """This proposal with its digest set (call after the last change to its content)."""
+        return self.model_copy(update={"digest": self.content_digest()})
+
+    def intact(self) -> bool:
+        """The stored digest is the digest of the stored content (a naive edit breaks it; an edit
+        that recomputes it is caught by re-deriving the proposal, see bot.app.proposals)."""
+        return bool(self.digest) and self.digest == self.content_digest()
 
 

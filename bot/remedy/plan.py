@@ -6,7 +6,10 @@ safety rules are the same whether the patch goes to an API server or to a manife
 The audit record lives on the workload itself, in the annotation `vllm-oncall.io/last-change`:
 a JSON list (oldest first) of at most 5 records and at most 16 KiB. Each record:
   {"id", "action": "change"|"rollback", "who", "when", "cause", "container", "fields": [...],
-   "before": {field: value-or-null}, "after": {field: value-or-null}, "rolled_back_by": id?}
+   "before": {field: value-or-null}, "after": {field: value-or-null}, "rolled_back_by": id?,
+   "digest": the proposal's digest (changes)}
+A change record names its proposal by id and digest, so after an ambiguous answer (5xx after
+commit, timeout) the apply step reads the workload back and knows whether the patch landed.
 `before`/`after` always hold command and args, plus every other field the change touched
 (env, volumeMounts, resources, probes, and the pod's volumes); null means "absent".
 """
@@ -67,7 +70,8 @@ def make_proposal(cluster: str, ref: WorkloadRef, workload: dict[str, Any], diag
     return Proposal(
         id=uuid.uuid4().hex[:12],
         cluster=cluster,
-        workload=ref.model_copy(update={"resource_version": meta.get("resourceVersion"), "repository_hint": hint}),
+        workload=ref.model_copy(update={"resource_version": meta.get("resourceVersion"), "repository_hint": hint,
+                                        "uid": meta.get("uid") or ref.uid}),
         cause=diagnosis.cause,
         title=diagnosis.title,
         changes=list(diagnosis.changes),
@@ -78,7 +82,7 @@ def make_proposal(cluster: str, ref: WorkloadRef, workload: dict[str, Any], diag
         manifest_diff=manifest_diff,
         created_at=created,
         expires_at=created + ttl,
-    )
+    ).sealed()
 
 
 def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = None) -> str | None:
@@ -160,7 +164,8 @@ def bounded(records: list[dict[str, Any]]) -> str:
 
 
 def audit_record(action: str, proposal_id: str, actor: str, cause: str | None, container: str,
-                 before: dict[str, Any], after: dict[str, Any], message: str = "") -> dict[str, Any]:
+                 before: dict[str, Any], after: dict[str, Any], message: str = "",
+                 digest: str = "") -> dict[str, Any]:
     fields = [f for f in ch.CONTAINER_FIELDS + ch.POD_FIELDS
               if f in ALWAYS_RECORDED or before.get(f) != after.get(f)]
     return {
@@ -174,6 +179,7 @@ def audit_record(action: str, proposal_id: str, actor: str, cause: str | None, c
         "before": {f: before.get(f) for f in fields},
         "after": {f: after.get(f) for f in fields},
         **({"message": message} if message else {}),
+        **({"digest": digest} if digest else {}),
     }
 
 
@@ -198,8 +204,18 @@ def change_ops(proposal: Proposal, current: dict[str, Any], actor: str) -> tuple
     after_spec = ch.apply_changes(pod_spec, proposal.workload.container, proposal.changes)
     record = audit_record("change", proposal.id, actor, proposal.cause, proposal.workload.container,
                           ch.fields_of(pod_spec, proposal.workload.container),
-                          ch.fields_of(after_spec, proposal.workload.container))
+                          ch.fields_of(after_spec, proposal.workload.container), digest=proposal.digest)
     return audit_ops(current, read_audit(current) + [record]), record
+
+
+def applied_record(proposal: Proposal, current: dict[str, Any]) -> dict[str, Any] | None:
+    """The audit record this proposal left on the workload, if it was applied (whatever the API
+    answered at the time: a patch can commit and still answer 5xx or time out)."""
+    for record in reversed(read_audit(current)):
+        if record.get("action") == "change" and record.get("id") == proposal.id and (
+                not proposal.digest or record.get("digest") == proposal.digest):
+            return record
+    return None
 
 
 def matches_recorded(actual: Any, recorded: Any) -> bool:

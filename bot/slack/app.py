@@ -17,7 +17,6 @@ from slack_bolt import Ack, App
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from bot.app.records import MessageRef
 from bot.app.service import OncallService
 from bot.diagnosis.playbooks import PlaybookError, default_playbooks
 from bot.slack.blocks import APPROVE, REJECT, ROLLBACK
@@ -35,6 +34,8 @@ Proposals come with *Approve* / *Reject* buttons; only configured approvers may 
 
 COMMAND_UNREADABLE = "Sorry, this `/vllm` command could not be read, so nothing was done. Please try again."
 CLICK_UNREADABLE = "Sorry, this click could not be read, so nothing was changed. Please try again."
+OLD_BUTTON = ("Nothing was changed: this button is from an older message that does not say which proposal it "
+              "shows. Use the newest message, or run `/vllm why NAMESPACE/WORKLOAD` for a fresh one.")
 
 
 def playbooks_text() -> str:
@@ -63,7 +64,7 @@ def build_app(service: OncallService, client: WebClient, signing_secret: str | N
             return
         answer_command(service, asked, ack, default_namespace)
 
-    def on_click(use_case: str, decide: Callable[[str, str, MessageRef | None], str]):
+    def on_click(use_case: str, decide: Callable[[ButtonClick], str]):
         def handler(ack: Ack, body: dict[str, Any]) -> None:
             ack()
             try:
@@ -72,13 +73,22 @@ def build_app(service: OncallService, client: WebClient, signing_secret: str | N
                 log.warning("could not read a button click (%s): %s", use_case, exc)
                 tell_unreadable_click(client, click_origin(body))
                 return
-            outcome = decide(click.incident, click.user_id, click.message_ref)
+            outcome = decide(click)
             log.info("%s on %s by %s: %s", use_case, click.incident, click.user_id, outcome)
         return handler
 
-    app.action(APPROVE)(on_click("approve", service.approve))
-    app.action(REJECT)(on_click("reject", service.reject))
-    app.action(ROLLBACK)(on_click("roll_back", service.roll_back))
+    def decision(decide: Callable[..., str]) -> Callable[[ButtonClick], str]:
+        """Approve and Reject act only on the proposal the clicked message showed (its digest)."""
+        def run(click: ButtonClick) -> str:
+            if click.digest is None:
+                tell(client, click.channel_id, click.user_id, OLD_BUTTON)
+                return "no_digest"
+            return decide(click.incident, click.user_id, click.message_ref, click.digest)
+        return run
+
+    app.action(APPROVE)(on_click("approve", decision(service.approve)))
+    app.action(REJECT)(on_click("reject", decision(service.reject)))
+    app.action(ROLLBACK)(on_click("roll_back", lambda c: service.roll_back(c.incident, c.user_id, c.message_ref)))
     return app
 
 
@@ -100,11 +110,14 @@ def answer_command(service: OncallService, asked: SlashCommand, ack: Ack, defaul
 
 def tell_unreadable_click(client: WebClient, origin: ClickOrigin) -> None:
     """Tell whoever clicked that nothing happened, if the payload says who and where."""
-    user, channel = (origin.user.id if origin.user else None), origin.channel_id
+    tell(client, origin.channel_id, origin.user.id if origin.user else None, CLICK_UNREADABLE)
+
+
+def tell(client: WebClient, channel: str | None, user: str | None, text: str) -> None:
     if not (user and channel):
         return
     try:
-        client.chat_postEphemeral(channel=channel, user=user, text=CLICK_UNREADABLE)
+        client.chat_postEphemeral(channel=channel, user=user, text=text)
     except (SlackApiError, OSError) as exc:
         detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc
         log.warning("could not tell %s that their click was unreadable: %s", user, detail)

@@ -131,12 +131,22 @@ def _shown(incident: Incident, redactor: Redactor) -> Incident:
 
 
 def confirm_text(incident: Incident) -> str:
-    """What the Approve button's confirm dialog says: the workload and the change."""
+    """What the Approve button's confirm dialog says: the workload and the change, from the same
+    proposal record as the message and the button's digest."""
     assert incident.proposal is not None
-    w = incident.proposal.workload
-    text = f"Patch {w.kind} {w.namespace}/{w.name} (container {w.container}) in cluster {incident.cluster}: " + \
-        "; ".join(change_lines(incident.proposal))
+    p = incident.proposal
+    w = p.workload
+    text = f"Patch {w.kind} {w.namespace}/{w.name} (container {w.container}) in cluster {p.cluster}: " + \
+        "; ".join(change_lines(p)) + f" (proposal {p.digest[:12]})"
     return escape(text)[:ConfirmObject.text_max_length]
+
+
+DIGEST_SEPARATOR = "|"  # a decision button's value: "<incident name>|<proposal digest>"
+
+
+def decision_value(incident: Incident) -> str:
+    assert incident.proposal is not None
+    return f"{incident.name}{DIGEST_SEPARATOR}{incident.proposal.digest}"
 
 
 def incident_message(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[str, list[dict[str, Any]]]:
@@ -238,9 +248,9 @@ def _confirm(title: str, text: str, yes: str) -> ConfirmObject:
 def _decision_buttons(incident: Incident) -> ActionsBlock:
     assert incident.proposal is not None
     return ActionsBlock(block_id="decision", elements=[
-        _button(APPROVE, "Approve", "primary", incident.name,
+        _button(APPROVE, "Approve", "primary", decision_value(incident),
                 _confirm("Apply this change?", confirm_text(incident), "Apply")),
-        _button(REJECT, "Reject", "danger", incident.name),
+        _button(REJECT, "Reject", "danger", decision_value(incident)),
     ])
 
 

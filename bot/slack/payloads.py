@@ -64,7 +64,7 @@ class User(_Payload):
 
 class ButtonAction(_Payload):
     action_id: Text
-    value: Text  # the incident name; the buttons carry nothing else
+    value: Text  # Approve/Reject: "<incident name>|<proposal digest>"; Roll back: the incident name
 
 
 class ButtonClick(ClickPlace):
@@ -79,7 +79,14 @@ class ButtonClick(ClickPlace):
 
     @property
     def incident(self) -> str:
-        return self.actions[0].value
+        return self.actions[0].value.partition("|")[0]
+
+    @property
+    def digest(self) -> str | None:
+        """The digest of the proposal the clicked message showed; None for a value without one
+        (a message posted before digests existed, or a Roll back button)."""
+        name, sep, digest = self.actions[0].value.partition("|")
+        return digest if sep and digest else None
 
 
 class SlashCommand(_Payload):

@@ -148,7 +148,9 @@ def test_reject_records_who(service, chat, cluster):
 def test_conflict_refuses_and_re_diagnoses(cluster, chat, tmp_path):
     cluster.apply_results = [ApplyResult(ok=False, conflict=True, message="resourceVersion 100 is now 101",
                                          changed_fields=["spec.template.spec.containers[vllm].args"])]
-    values = iter(["18432", "16384"])
+    # diagnosed: 18432; re-derived at Approve: still 18432, so the patch is sent and the cluster
+    # answers "edited since"; re-diagnosed after the conflict: 16384; re-derived at the next Approve: 16384.
+    values = iter(["18432", "18432", "16384", "16384"])
     svc = make_service(cluster, chat, tmp_path, diagnose=lambda ev: kv_diagnosis(max_model_len=next(values)))
     incident = svc.handle_alert(alert())
     assert svc.approve(incident.name, APPROVER) == "conflict"
@@ -409,6 +411,9 @@ def test_a_record_written_before_the_typed_fields_loads_and_can_be_approved(chat
     assert from_custom_object({"metadata": {"name": record["name"]}, "spec": spec}).model_dump(
         exclude={"version"}) == loaded.model_dump(exclude={"version"})
     cluster = FakeCluster(name=record["cluster"])
+    # Approve re-derives the proposal from the live pod: this cluster is still as the record was derived from
+    cluster.add_pod(loaded.namespace, loaded.pods[0], loaded.workload)
+    cluster.propose = lambda diagnosis, evidence, workload: loaded.proposal
     svc = OncallService(cluster, store, chat, Policy(approver_users=frozenset({APPROVER})), diagnose=kv_diagnosis,
                         clock=lambda: loaded.first_seen + timedelta(minutes=5))
     assert svc.approve(loaded.name, APPROVER) == "applied"

@@ -24,7 +24,7 @@ import pytest
 from kubeapi.objects import container, crashing_deployment, rollout_controller, start_pod
 from kubeapi.server import FakeKube
 from slackapi import SlackStandIn
-from slackapi.requests import click_body, signed_headers
+from slackapi.requests import click_body, decision_value, signed_headers
 
 from bot.app.service import OncallService, Policy
 from bot.http.server import BotServer
@@ -199,7 +199,7 @@ def test_approve_over_signed_http_patches_the_deployment_and_reports_the_rollout
     am.fire(world["pods"][0])
     wait_until(lambda: any(i.slack_ts for i in world["store"].list()), 30, "the incident message")
     incident = world["store"].list()[0]
-    body = click_body("vllm_approve", incident.name, "U0APPROVER", incident.slack_ts)
+    body = click_body("vllm_approve", decision_value(incident), "U0APPROVER", incident.slack_ts)
     headers = {k: v[0] for k, v in signed_headers(body, SIGNING_SECRET).items()}
     req = urllib.request.Request(bot.url + "/slack/events", data=body.encode(), headers=headers)
     with urllib.request.urlopen(req, timeout=10) as r:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubeapi.objects import container, crashing_deployment, rollout_controller
 from openai_standin import OpenAIStandIn, wait_until
-from slackapi.requests import click_body, signed_headers
+from slackapi.requests import button_value, click_body, signed_headers
 
 from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
@@ -163,7 +163,9 @@ def test_no_secret_reaches_any_output_and_pings_are_escaped(world):
     name, ts = incident["metadata"]["name"], json.loads(incident["spec"]["record"])["slack_ts"]
     assert incident["spec"]["cause"] == "kv-cache-max-model-len" and incident["spec"]["state"] == "proposed"
 
-    click(world, "vllm_approve", name, ts)  # the patch and its audit record and Event
+    approve = button_value(slack.posts()[0], "vllm_approve")  # what the posted button carries
+    assert approve and approve.startswith(name)
+    click(world, "vllm_approve", approve, ts)  # the patch and its audit record and Event
     wait_until(lambda: kube.get("VLLMIncident", name, "vllm-oncall")["spec"]["state"] == "verified", 60,
                "the applied change to be verified")
     live = kube.get("Deployment", "vllm-secret", NS)["spec"]["template"]["spec"]["containers"][0]

@@ -13,7 +13,8 @@ cannot run on the test machines):
   persists nothing.
 - pods/log with container, previous, tailLines and limitBytes (tailLines first, as the kubelet).
 - label selectors (=, ==, !=, in, notin, exists, !exists) and field selectors (dotted equality).
-- faults to inject per (verb, resource): 403, N x 5xx, 429 with Retry-After.
+- faults to inject per (verb, resource): 403, N x 5xx, 429 with Retry-After; and around a write's
+  commit (`fail_commit`, `chaos`): fail before or after it commits, answer slowly, drop the connection.
 - `calls`: every (verb, apiGroup, resource) the client made, for the RBAC test.
 - `on_write`: a hook called after each persisted write of a workload, so a test can play the
   part of the Deployment controller (create a new ReplicaSet and pod) deterministically.
@@ -81,6 +82,45 @@ class Fault:
     message: str = ""
 
 
+# ---- commit faults: fail before or after the write commits, answer slowly, drop the connection ----
+
+class DropConnection(Exception):
+    """Close the connection without an answer (the client sees a reset / a truncated response)."""
+
+
+@dataclass
+class CommitFault:
+    """A fault around the write itself. when: "before" (nothing is written) or "after" (the write
+    commits, then the answer is lost). kind: an HTTP code (500, 503, 504), "drop" (connection
+    closed, no answer) or "slow" (the answer comes `seconds` late)."""
+
+    verb: str
+    resource: str
+    when: str  # before | after
+    kind: int | str
+    times: int | None = None
+    seconds: float = 0.0
+
+
+class Chaos:
+    """Seeded random commit faults on the matching requests: `rate` of them fail, half before
+    and half after the commit, as 500, 503 or a dropped connection."""
+
+    def __init__(self, rate: float, seed: int, verbs: set[str], resources: set[str]):
+        import random
+
+        self.rate, self.rng, self.verbs, self.resources = rate, random.Random(seed), verbs, resources
+        self.injected: list[tuple[str, str, str, int | str]] = []
+
+    def pick(self, verb: str, resource: str) -> CommitFault | None:
+        if verb not in self.verbs or resource not in self.resources or self.rng.random() >= self.rate:
+            return None
+        fault = CommitFault(verb, resource, self.rng.choice(["before", "after"]),
+                            self.rng.choice([500, 503, "drop"]), times=1)
+        self.injected.append((verb, resource, fault.when, fault.kind))
+        return fault
+
+
 @dataclass
 class Call:
     verb: str
@@ -91,6 +131,7 @@ class Call:
     query: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
     code: int | None = None  # the HTTP status it was answered with
+    committed: bool = False  # a commit fault hid that this write had committed
 
 
 # ---- selectors ------------------------------------------------------------------------------
@@ -181,6 +222,8 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}  # (group, resource, ns, name)
         self.logs: dict[tuple[str, str, str, bool], str] = {}  # (ns, pod, container, previous)
         self.faults: list[Fault] = []
+        self.commit_faults: list[CommitFault] = []
+        self.chaos: Chaos | None = None
         self.calls: list[Call] = []
         self.resource_version = 1000
         self.on_write: Callable[[FakeKube, dict[str, Any], dict[str, Any] | None], None] | None = None
@@ -275,6 +318,39 @@ class FakeKube:
         with self.lock:
             self.faults.append(Fault(verb, resource, code, times, retry_after, message))
 
+    def fail_commit(self, verb: str, resource: str, when: str, kind: int | str, times: int | None = 1,
+                    seconds: float = 0.0) -> None:
+        """A commit fault (see CommitFault): e.g. fail_commit("patch", "deployments", "after", 500)."""
+        with self.lock:
+            self.commit_faults.append(CommitFault(verb, resource, when, kind, times, seconds))
+
+    def _commit_fault(self, verb: str, resource: str, when: str) -> CommitFault | None:
+        with self.lock:
+            for f in self.commit_faults:
+                if f.when == when and f.verb in (verb, "*") and f.resource in (resource, "*") and \
+                        (f.times is None or f.times > 0):
+                    if f.times is not None:
+                        f.times -= 1
+                    return f
+            if when == "before" and self.chaos is not None:
+                picked = self.chaos.pick(verb, resource)
+                if picked is not None and picked.when == "after":
+                    self.commit_faults.append(picked)  # fires once this request has committed
+                    return None
+                return picked
+        return None
+
+    def _commit_failure(self, fault: CommitFault) -> Exception:
+        if fault.kind == "slow":
+            import time
+
+            time.sleep(fault.seconds)
+            return _NoFault()
+        if fault.kind == "drop":
+            return DropConnection()
+        return ApiError(int(fault.kind), "InternalError" if fault.kind == 500 else "ServiceUnavailable",
+                        "the server is currently unable to handle the request")
+
     def called(self) -> set[tuple[str, str, str]]:
         """The distinct (verb, apiGroup, resource) the client has called."""
         with self.lock:
@@ -337,11 +413,25 @@ class FakeKube:
         call = Call(verb, group, full_resource, namespace, name, dict(query), dry_run)
         with self.lock:
             self.calls.append(call)
+        writes = verb in ("create", "update", "patch", "delete") and not dry_run
+        before = self._commit_fault(verb, full_resource, "before") if writes else None
+        if before is not None:
+            failure = self._commit_failure(before)
+            if not isinstance(failure, _NoFault):
+                call.code = getattr(failure, "code", 0)
+                raise failure
         try:
             answer = self._answer(verb, group, namespace, resource, name, sub, query, body, content_type)
         except ApiError as err:
             call.code = err.code
             raise
+        after = self._commit_fault(verb, full_resource, "after") if writes else None
+        if after is not None:
+            failure = self._commit_failure(after)
+            if not isinstance(failure, _NoFault):
+                call.code = getattr(failure, "code", 0)
+                call.committed = True
+                raise failure
         call.code = answer[0]
         return answer
 
@@ -537,6 +627,10 @@ class FakeKube:
                         fault.message or "the server is currently unable to handle the request")
 
 
+class _NoFault(Exception):
+    """A slow answer that is then given normally."""
+
+
 def _conflict(plural: str, name: str) -> ApiError:
     return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
                     f'modified; please apply your changes to the latest version and try again',
@@ -588,6 +682,10 @@ class _Handler(BaseHTTPRequestHandler):
                                                       self.headers.get("Content-Type") or "application/json")
         except ApiError as err:
             code, payload, headers = err.code, err.status(), err.headers
+        except DropConnection:
+            self.close_connection = True
+            self.connection.shutdown(2)  # no answer at all
+            return
         if isinstance(payload, str):
             data = payload.encode("utf-8")
             headers = {"Content-Type": "text/plain; charset=utf-8", **headers}

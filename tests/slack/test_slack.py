@@ -18,7 +18,7 @@ import pytest
 from fakes import FakeCluster, kv_diagnosis
 from slack_bolt.request import BoltRequest
 from slackapi import SlackStandIn
-from slackapi.requests import CHANNEL, SECRET, click_body, click_payload, signed_headers
+from slackapi.requests import CHANNEL, SECRET, click_body, click_payload, decision_value, signed_headers
 
 from bot.app.records import AlertTarget, MessageRef
 from bot.app.service import OncallService, Policy
@@ -64,7 +64,8 @@ class Bot:
         return incident
 
     def click(self, action: str, incident, user: str):
-        return self.dispatch(click_body(action, incident.name, user, incident.slack_ts))
+        value = decision_value(incident) if action != "vllm_rollback" else incident.name
+        return self.dispatch(click_body(action, value, user, incident.slack_ts))
 
 
 @pytest.fixture
@@ -161,7 +162,7 @@ def test_expired_click_changes_nothing(slack, tmp_path):
 
 def test_double_click_applies_once(bot, slack):
     incident = bot.alert()
-    body = click_body("vllm_approve", incident.name, APPROVER, incident.slack_ts)
+    body = click_body("vllm_approve", decision_value(incident), APPROVER, incident.slack_ts)
     threads = [threading.Thread(target=bot.dispatch, args=(body,)) for _ in range(2)]
     for t in threads:
         t.start()
@@ -230,7 +231,7 @@ def test_signed_requests_over_http(bot, slack):
     server = BotServer(bot.service, bolt_app=bot.app).start()
     try:
         incident = bot.alert()
-        body = click_body("vllm_approve", incident.name, APPROVER, incident.slack_ts)
+        body = click_body("vllm_approve", decision_value(incident), APPROVER, incident.slack_ts)
         headers = {k: v[0] for k, v in signed_headers(body).items()}
         req = urllib.request.Request(server.url + "/slack/events", data=body.encode(), headers=headers)
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -260,7 +261,7 @@ def tracebacks(caplog) -> list[str]:
 
 def test_click_without_a_value_is_answered_and_changes_nothing(bot, slack, caplog):
     incident = bot.alert()
-    payload = click_payload("vllm_approve", incident.name, APPROVER, incident.slack_ts)
+    payload = click_payload("vllm_approve", decision_value(incident), APPROVER, incident.slack_ts)
     del payload["actions"][0]["value"]
     assert bot.dispatch(urlencode({"payload": json.dumps(payload)})).status == 200
     assert slack.wait_for(lambda: slack.delivered("chat.postEphemeral"))
@@ -276,7 +277,7 @@ def test_click_without_a_value_is_answered_and_changes_nothing(bot, slack, caplo
                          ids=["no user", "user not an object"])
 def test_click_from_nobody_is_logged_once_and_ignored(bot, slack, caplog, spoil):
     incident = bot.alert()
-    payload = click_payload("vllm_approve", incident.name, APPROVER, incident.slack_ts)
+    payload = click_payload("vllm_approve", decision_value(incident), APPROVER, incident.slack_ts)
     spoil(payload)
     assert bot.dispatch(urlencode({"payload": json.dumps(payload)})).status == 200
     assert slack.wait_for(lambda: any("could not read" in r.getMessage() for r in caplog.records))

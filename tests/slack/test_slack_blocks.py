@@ -40,7 +40,8 @@ def incident(state="proposed", blocked=None, cause="kv-cache-max-model-len", wit
                              live_patch_blocked=blocked, repository_hint="values.yaml: vllmConfig.maxModelLen: 18432"
                              if blocked else None),
         command_before=d.command_before, command_after=d.command_after, created_at=NOW,
-        expires_at=NOW + timedelta(hours=1), json_patch=[{"op": "test", "path": "/x", "value": 1}], dry_run_ok=True)
+        expires_at=NOW + timedelta(hours=1), json_patch=[{"op": "test", "path": "/x", "value": 1}],
+        dry_run_ok=True).sealed()
     return Incident(name="prod-eu-inference-vllm-llama3-8b-kv-cache-max-model-len-1a2b3c4d", cluster="prod-eu",
                     namespace="inference", workload="vllm-llama3-8b", cause=cause, state=state,
                     pods=["vllm-llama3-8b-7d9f8c6b5-x2k4p"], restarts=7, first_seen=NOW, last_seen=NOW,
@@ -80,9 +81,12 @@ def test_message_has_everything_an_on_call_engineer_needs():
     assert "prod-eu" in text
     approve, reject = buttons(blocks)
     assert approve["action_id"] == "vllm_approve" and reject["action_id"] == "vllm_reject"
-    assert approve["value"] == reject["value"] == incident().name  # only the incident name
+    # the incident's name and the digest of exactly the proposal shown, which the dialog names too
+    digest = incident().proposal.digest
+    assert len(digest) == 64 and approve["value"] == reject["value"] == f"{incident().name}|{digest}"
     confirm = approve["confirm"]["text"]["text"]
     assert "Deployment inference/vllm-llama3-8b" in confirm and "32768 → 18432" in confirm
+    assert f"proposal {digest[:12]}" in confirm
 
 
 def test_log_text_in_the_message_is_escaped():
@@ -153,7 +157,7 @@ def test_texts_longer_than_slack_allows_are_cut_before_posting():
     assert evidence.startswith("*Evidence* (from the previous container's log and the pod)\n```\nline 0: xxx")
     assert evidence.endswith("… (truncated)")
     assert len(blocks[0]["text"]["text"]) == 150  # the header, cut to Slack's 150
-    assert buttons(blocks)[0]["value"] == incident().name
+    assert buttons(blocks)[0]["value"] == f"{incident().name}|{incident().proposal.digest}"
     _, note = note_message("z" * 5000, long_incident().diagnosis, rollback_incident="inc-1")
     assert validated(note) == note and note[0]["text"]["text"].endswith("… (truncated)")
 

@@ -32,3 +32,17 @@ def click_payload(action_id: str, incident: str, user: str, ts: str, channel: st
 
 def click_body(action_id: str, incident: str, user: str, ts: str, channel: str = CHANNEL) -> str:
     return urlencode({"payload": json.dumps(click_payload(action_id, incident, user, ts, channel))})
+
+
+def decision_value(incident) -> str:
+    """What an Approve/Reject button of `incident`'s message carries: its name and proposal digest."""
+    return f"{incident.name}|{incident.proposal.digest}"
+
+
+def button_value(call, action_id: str) -> str | None:
+    """The value of the `action_id` button in a recorded chat.postMessage/chat.update call."""
+    for block in call.params.get("blocks") or []:
+        for element in block.get("elements") or []:
+            if element.get("action_id") == action_id:
+                return element.get("value")
+    return None
