@@ -223,3 +223,14 @@ class KubeApi:
                           group, version, namespace, plural, name, body,
                           _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
 
+
+    def list_pods_versioned(self, namespace: str | None, label_selector: str | None = None
+                            ) -> tuple[list[dict[str, Any]], str]:
+        """Pods of a namespace (None: all) and the list's resourceVersion, to watch from (bot.kube.watch)."""
+        if namespace is None:
+            body = self._call("list", "pods", None, self.core.list_pod_for_all_namespaces,
+                              label_selector=label_selector)
+        else:
+            body = self._call("list", "pods", namespace, self.core.list_namespaced_pod, namespace,
+                              label_selector=label_selector)
+        return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")
