@@ -191,7 +191,31 @@ def _summary(settings) -> str:
     return (f"cluster {settings.cluster_name}; mode {settings.mode}; Slack via {mode}, channel "
             f"{settings.slack_channel}; incidents: {store_desc}; approvers: {approvers}; "
             f"alerts: {', '.join(settings.alertnames)} on {settings.listen}/alerts"
-            f"{' (bearer token required)' if settings.alert_token else ''}")
+            f"{' (bearer token required)' if settings.alert_token else ''}"
+            f"{_watch_summary(settings)}")
+
+
+def _watch_summary(settings) -> str:
+    if not settings.watch:
+        return "; pod watch off (the alert path only)"
+    scope = ", ".join(settings.watch_namespaces) or "all namespaces"
+    selector = f" with {settings.watch_label_selector}" if settings.watch_label_selector else ""
+    return f"; pod watch on: first crashes of vLLM containers in {scope}{selector}"
+
+
+def start_watch(settings, cluster, service):  # -> PodWatch | None
+    """VLLM_ONCALL_WATCH: a pod watch whose crashes go the alert's way (service.handle_alert), so
+    the later KubePodCrashLooping alert folds into the incident the watch opened. Daemon threads:
+    they end with the process; the incidents are in the store."""
+    if not settings.watch:
+        return None
+    from bot.kube.watch import PodWatch, WatchSettings, as_alert
+
+    watch_settings = WatchSettings(namespaces=tuple(settings.watch_namespaces),
+                                   label_selector=settings.watch_label_selector)
+    watcher = PodWatch(cluster.api, lambda crash: service.handle_alert(as_alert(crash)), watch_settings)
+    logging.getLogger(__name__).info("pod watch started%s", _watch_summary(settings).removeprefix("; pod watch on"))
+    return watcher.start()
 
 
 class CheckFailed(RuntimeError):
@@ -304,6 +328,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                        readiness_checks={"slack": chat.check,
                                          "kubernetes": lambda: kubernetes_answers(settings, cluster, store)},
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds)
+    start_watch(settings, cluster, service)
     socket_handler = None
     if settings.slack_app_token:
         from slack_bolt.adapter.socket_mode import SocketModeHandler

@@ -45,11 +45,14 @@ ENV_VARS: dict[str, str] = {
     "sweep_interval_seconds": "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS",
     "mode": "VLLM_ONCALL_MODE",
     "playbooks": "VLLM_ONCALL_PLAYBOOKS",
+    "watch": "VLLM_ONCALL_WATCH",
+    "watch_namespaces": "VLLM_ONCALL_WATCH_NAMESPACES",
+    "watch_label_selector": "VLLM_ONCALL_WATCH_LABEL_SELECTOR",
 }
 # a YAML key -> the setting: the setting's name, or its environment variable in lower case
 FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower(): name for name, var in ENV_VARS.items()}}
 CONFIG_FILE_VAR = "VLLM_ONCALL_CONFIG"
-LIST_SETTINGS = {"approver_users", "approver_groups", "alertnames", "playbooks"}
+LIST_SETTINGS = {"approver_users", "approver_groups", "alertnames", "playbooks", "watch_namespaces"}
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -96,6 +99,10 @@ class Settings(BaseModel):
     # approve: Approve/Reject buttons for the approvers. The default keeps what `serve` always did.
     mode: Literal["proposals-only", "approve"] = "approve"
     playbooks: list[Path] = Field(default_factory=list)  # extra folders, merged over the bundled ones
+    # A pod watch: diagnose at a vLLM container's first crash, not 16-21 minutes later (bot/kube/watch.py)
+    watch: bool = False
+    watch_namespaces: list[str] = Field(default_factory=list)  # empty: all namespaces
+    watch_label_selector: str | None = None  # None: vLLM containers recognised by image / command
 
     @field_validator("slack_bot_token")
     @classmethod
@@ -144,6 +151,8 @@ class Settings(BaseModel):
         if self.mode == "approve" and not self.approver_users and not self.approver_groups:
             problems.append(f"{ENV_VARS['approver_users']} or {ENV_VARS['approver_groups']}: set at least one "
                             f"approver, otherwise nobody may click Approve ({ENV_VARS['mode']}=approve)")
+        if self.watch and self.cluster_source != "kube":
+            problems.append(f"{ENV_VARS['watch']}: needs {ENV_VARS['cluster_source']}=kube (it watches pods)")
         if self.cluster_source == "local" and self.bundle_dir is None:
             problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
         if problems:

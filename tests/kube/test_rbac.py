@@ -91,6 +91,13 @@ def test_every_call_the_code_makes_is_required_and_every_required_permission_is_
         store.update(made.model_copy(update={"state": "approved"}))
         assert store.get("i") is not None and store.list(state="approved")
 
+    # The pod watch (bot/kube/watch.py): list, then watch from the list's resourceVersion.
+    from bot.kube.watch import PodWatch, WatchSettings
+
+    watcher = PodWatch(api, lambda crash: None, WatchSettings(namespaces=(NS,), timeout_seconds=1)).start()
+    assert kube_api.wait_for_watchers(1)
+    watcher.stop()
+
     called = kube_api.called()
     assert called <= required_set(), f"called but not in REQUIRED: {sorted(called - required_set())}"
     if KubeIncidentStore is not None:

@@ -120,6 +120,18 @@ class Streams:
             time.sleep(0.01)
         return False
 
+    def write_kubeconfig(self, path: Any) -> Any:
+        """A kubeconfig naming this server (for `vllm-oncall serve` and kubectl); returns the path."""
+        import yaml
+
+        url = self.url  # type: ignore[attr-defined]
+        doc = {"apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+               "clusters": [{"name": "stand-in", "cluster": {"server": url}}],
+               "users": [{"name": "bot", "user": {"token": "stand-in-token"}}],
+               "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "bot"}}]}
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
     def serve_pod(self, namespace: str, pod: str, url: str) -> None:
         """Requests through the pod proxy to this pod go to `url`."""
         with self.lock:
