@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
+from bot.app.evidence_cache import CachedEvidence
 from bot.app.state import IncidentState
 from bot.diagnosis.models import DiagnosisResult
 from bot.remedy.models import Model, Proposal, WorkloadRef
@@ -79,6 +80,9 @@ class Incident(Model):
     applied: AppliedChange | None = None
     history: list[str] = Field(default_factory=list)  # for people only: never parsed
     version: str | None = None  # store's concurrency token (resourceVersion or file mtime)
+    # What the crash's collect read (bounded), for `/vllm why` once the previous log is gone
+    # (bot/app/evidence_cache.py); None for records written before it, or without a previous log.
+    evidence: CachedEvidence | None = None
 
     @field_serializer("state")
     def _plain_state(self, state: str) -> str:

@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--config", metavar="FILE", help="YAML file with settings (environment variables win)")
     serve.add_argument("--check", action="store_true", help="validate the configuration and exit")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument("--watch", action="store_true",
+                       help="watch pods and diagnose a vLLM container at its first crash (VLLM_ONCALL_WATCH)")
     add_playbooks_option(serve)
     serve.set_defaults(func=run_serve)
 
@@ -180,7 +182,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _overrides(args: argparse.Namespace) -> dict:
     """Command-line options that are settings too (they win over the environment)."""
-    return {"playbooks": args.playbooks} if args.playbooks else {}
+    out: dict = {"playbooks": args.playbooks} if args.playbooks else {}
+    if getattr(args, "watch", False):
+        out["watch"] = True
+    return out
 
 
 def _summary(settings) -> str:

@@ -46,11 +46,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import watch as kube_watch
-from kubernetes.client.exceptions import ApiException
-
 from bot.app.records import AlertTarget
 from bot.kube.api import KubeApi
+from bot.kube.errors import KubeError
 
 log = logging.getLogger("bot.kube.watch")
 
@@ -168,14 +166,6 @@ class PodState:
                 del self.pods[key]
 
 
-class _RawWatch(kube_watch.Watch):
-    """The client's Watch, yielding the server's JSON (camelCase dicts, as everywhere in bot.kube)
-    instead of deserialized models; 410 and other ERROR events still raise ApiException."""
-
-    def get_return_type(self, func: Any) -> Any:
-        return None
-
-
 class Gone(Exception):
     """The watch's resourceVersion is too old: list again."""
 
@@ -194,7 +184,7 @@ class PodWatch:
         self._sleep = sleep or self._stop.wait
         self._queue: queue.Queue[Crash] = queue.Queue(self.settings.queue_size)
         self._pending: set[tuple[str, str, str]] = set()
-        self._watches: list[_RawWatch] = []
+        self._watches: list[Any] = []
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle
@@ -211,13 +201,7 @@ class PodWatch:
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         for w in list(self._watches):
-            w.stop()
-            resp = getattr(w, "_resp", None)
-            if resp is not None:
-                try:
-                    resp.close()  # unblocks the read the stream is waiting in
-                except Exception:
-                    pass
+            w.close()  # unblocks the read the stream is waiting in
         for thread in self._threads:
             thread.join(timeout)
 
@@ -270,31 +254,33 @@ class PodWatch:
 
     def _follow(self, namespace: str | None, rv: str) -> tuple[str, bool]:
         """One watch request from `rv` until it ends; -> (last resourceVersion, saw anything)."""
-        w = _RawWatch()
-        self._watches.append(w)
         self.stats.watches += 1
-        args: tuple[Any, ...] = (namespace,) if namespace is not None else ()
-        func = self.api.core.list_namespaced_pod if namespace is not None else self.api.core.list_pod_for_all_namespaces
+        opened: list[Any] = []
         worked = False
         try:
-            for event in w.stream(func, *args, resource_version=rv, allow_watch_bookmarks=True,
-                                  label_selector=self.settings.label_selector,
-                                  timeout_seconds=self.settings.timeout_seconds,
-                                  _request_timeout=(10, self.settings.timeout_seconds + 30)):
+            for event in self.api.watch_pods(namespace, rv, self.settings.label_selector,
+                                             self.settings.timeout_seconds, on_open=self._opened(opened)):
                 worked = True
                 rv = self._event(event, rv)
                 if self._stop.is_set():
                     break
-        except ApiException as exc:
+        except KubeError as exc:
             if exc.status == HTTP_GONE:
                 raise Gone() from None
             raise
         finally:
-            self._watches.remove(w)
+            for w in opened:
+                self._watches.remove(w)
         return rv, worked
 
+    def _opened(self, opened: list[Any]) -> Callable[[Any], None]:
+        def keep(w: Any) -> None:
+            opened.append(w)
+            self._watches.append(w)
+        return keep
+
     def _event(self, event: dict[str, Any], rv: str) -> str:
-        obj = event.get("raw_object") or event.get("object") or {}
+        obj = event.get("object") or {}
         kind = event.get("type")
         new_rv = str(((obj.get("metadata") or {}).get("resourceVersion")) or rv)
         if kind == "BOOKMARK":

@@ -61,6 +61,11 @@ def crash(kube: FakeKube, pod: str, exit_code: int = 1, reason: str = "Error", r
     kube.edit("Pod", pod, NS, mutate)
 
 
+def alert_count(kube: FakeKube, slack: SlackStandIn) -> int:
+    incidents = make_service(kube, slack).store.list()
+    return incidents[0].alert_count if incidents else 0
+
+
 def wait_until(predicate, timeout: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -124,7 +129,7 @@ def test_a_restart_count_moving_on_without_a_new_termination_is_not_a_crash(worl
     assert w.stats.crashes == 1
     crash(kube, pod, restarts=2, finished="2026-11-30T05:03:00Z")  # the next crash: folds, posts nothing new
     assert wait_until(lambda: w.stats.crashes == 2)
-    assert wait_until(lambda: (make_service(kube, slack).store.list() or [None])[0].alert_count == 2)
+    assert wait_until(lambda: alert_count(kube, slack) == 2)
     assert len(slack.posts()) == 1
 
 
@@ -170,7 +175,7 @@ def test_two_replicas_watching_post_once(world):
     assert kube.wait_for_watchers(2)
     crash(kube, pod)
     assert wait_until(lambda: a.stats.crashes == 1 and b.stats.crashes == 1)
-    assert wait_until(lambda: (make_service(kube, slack).store.list() or [None])[0].alert_count == 2)
+    assert wait_until(lambda: alert_count(kube, slack) == 2)
     assert len(slack.posts()) == 1
 
 
