@@ -30,6 +30,17 @@ class Verification(Model):
     diagnosis: DiagnosisResult | None = None  # when the new pod crashed again
 
 
+class CompletionCheck(Model):
+    """A real completion request to the new pod (verification step 3)."""
+
+    ok: bool
+    message: str
+    model: str | None = None
+    latency_seconds: float | None = None
+    tokens: int | None = None
+    diagnosis: DiagnosisResult | None = None  # a failed request, re-diagnosed from the pod's log
+
+
 class PostLease(Model):
     """The one posting attempt allowed to post the incident until `until` (then anyone may)."""
 
@@ -83,6 +94,9 @@ class Incident(Model):
     # What the crash's collect read (bounded), for `/vllm why` once the previous log is gone
     # (bot/app/evidence_cache.py); None for records written before it, or without a previous log.
     evidence: CachedEvidence | None = None
+    # The verification step an applied change is in ("ready", "request", "soak"), so a restarted
+    # bot resumes it (bot/app/rollout.py); None when no verification is under way.
+    verification_step: str | None = None
 
     @field_serializer("state")
     def _plain_state(self, state: str) -> str:

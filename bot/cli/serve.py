@@ -208,6 +208,20 @@ def _watch_summary(settings) -> str:
     return f"; pod watch on: first crashes of vLLM containers in {scope}{selector}"
 
 
+def verify_steps(settings, cluster):  # -> VerifySteps
+    """Steps 3 and 4 of verification (a completion request, a soak) on a live cluster; a local
+    one has no pods to ask, so it stops at Ready + KV-cache line."""
+    from bot.app.rollout import VerifySteps
+
+    probe = None
+    if settings.cluster_source == "kube":
+        from bot.kube.verify import ServingChecks
+
+        probe = ServingChecks(cluster.api, via=settings.verify_request_via)
+    return VerifySteps(probe=probe, request_timeout_seconds=settings.verify_request_timeout_seconds,
+                       soak_seconds=settings.verify_soak_seconds)
+
+
 def start_watch(settings, cluster, service):  # -> PodWatch | None
     """VLLM_ONCALL_WATCH: a pod watch whose crashes go the alert's way (service.handle_alert), so
     the later KubePodCrashLooping alert folds into the incident the watch opened. Daemon threads:
@@ -323,7 +337,8 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                     verify_timeout_seconds=settings.verify_timeout_seconds,
                     default_namespace=settings.default_namespace)
     service = OncallService(cluster, store, chat, policy, metrics,
-                            diagnose=with_llm_wording(LLMSettings.from_env(), books))
+                            diagnose=with_llm_wording(LLMSettings.from_env(), books),
+                            verify_steps=verify_steps(settings, cluster))
     app = build_app(service, client, signing_secret=settings.slack_signing_secret,
                     token_verification_enabled=False, default_namespace=settings.default_namespace)
     host, port = settings.host_port

@@ -48,6 +48,9 @@ ENV_VARS: dict[str, str] = {
     "watch": "VLLM_ONCALL_WATCH",
     "watch_namespaces": "VLLM_ONCALL_WATCH_NAMESPACES",
     "watch_label_selector": "VLLM_ONCALL_WATCH_LABEL_SELECTOR",
+    "verify_soak_seconds": "VLLM_ONCALL_VERIFY_SOAK_SECONDS",
+    "verify_request_timeout_seconds": "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS",
+    "verify_request_via": "VLLM_ONCALL_VERIFY_REQUEST_VIA",
 }
 # a YAML key -> the setting: the setting's name, or its environment variable in lower case
 FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower(): name for name, var in ENV_VARS.items()}}
@@ -103,6 +106,10 @@ class Settings(BaseModel):
     watch: bool = False
     watch_namespaces: list[str] = Field(default_factory=list)  # empty: all namespaces
     watch_label_selector: str | None = None  # None: vLLM containers recognised by image / command
+    # Verification after Ready + KV line: a completion request, then a soak (bot/app/rollout.py)
+    verify_soak_seconds: float = Field(default=600, ge=0)
+    verify_request_timeout_seconds: float = Field(default=60, gt=0)
+    verify_request_via: Literal["proxy", "pod-ip"] = "proxy"
 
     @field_validator("slack_bot_token")
     @classmethod

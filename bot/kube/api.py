@@ -273,3 +273,30 @@ class _RawWatch(watch.Watch):
                 resp.close()
             except Exception:
                 pass
+
+
+def _proxy_path(namespace: str, pod: str, port: int | None, path: str) -> str:
+    from urllib.parse import quote
+
+    target = f"{pod}:{port}" if port else pod
+    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(target)}/proxy/{path.lstrip('/')}"
+
+
+def proxy_pod(api: KubeApi, namespace: str, pod: str, port: int | None, method: str, path: str,
+              body: dict[str, Any] | None = None, timeout: float = 30.0) -> tuple[int, str]:
+    """An HTTP request to the pod through the API server's pod proxy subresource (pods/proxy):
+    (status, text), whether the pod or the API server answered (a refusal is a Status object).
+    No answer within `timeout`: TimeoutError; not reachable: KubeUnavailable."""
+    client_ = api.api_client
+    params = client_.param_serialize(method, _proxy_path(namespace, pod, port, path), body=body,
+                                     header_params={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        response = client_.call_api(*params, _request_timeout=timeout)
+        data = response.read() or b""
+        return int(response.status), data.decode("utf-8", errors="replace")
+    except Exception as exc:
+        if "timed out" in str(exc).lower() or "timeout" in type(exc).__name__.lower():
+            raise TimeoutError(f"no answer from pod {namespace}/{pod} within {timeout:g} s") from None
+        if is_transient(exc):
+            raise typed_error(exc, method, "pods/proxy", namespace) from None
+        raise

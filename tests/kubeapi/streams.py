@@ -90,6 +90,7 @@ class Streams:
         self.watches_opened = 0
         self.pod_backends: dict[tuple[str, str], str] = {}  # (ns, pod) -> http://127.0.0.1:port
         self.proxy_timeout = 30.0
+        self.default_pod_backend: str | None = None  # for pods without their own (a rollout's new pod)
 
     def _next_rv(self) -> str:  # server.py's; declared for the type checker
         raise NotImplementedError
@@ -256,7 +257,7 @@ class Streams:
         with self.lock:
             self.calls.append(call)  # type: ignore[attr-defined]
             pod = self.objects.get(("", "pods", ns, pod_name))
-            backend = self.pod_backends.get((ns, pod_name))
+            backend = self.pod_backends.get((ns, pod_name)) or self.default_pod_backend
         try:
             fault = self._fault_for(verb, "pods/proxy")  # type: ignore[attr-defined]
             if fault:
