@@ -35,6 +35,9 @@ class ServingProbe(Protocol):
     def soak(self, workload: WorkloadRef, pod_name: str, seconds: float) -> Verification:
         """"ready" when the pod neither restarted nor crashed for `seconds`, else "crashed"."""
 
+    def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> str:
+        """The pod's GPU memory over [start, end] (start, peak, end, slope), or why it is absent."""
+
 
 @dataclass(frozen=True)
 class VerifySteps:
@@ -136,9 +139,15 @@ class Rollout:
         incident = self._step(name, "soak")
         self.messages.reply(incident, clicked, Note(
             text=f":hourglass_flowing_sand: 4/4 Soak: watching {pod} for {self.steps.soak_seconds:g} s."))
+        started = self.clock()
         soaked = probe.soak(workload, pod, self.steps.soak_seconds)
         if soaked.outcome == "ready":
             self.messages.reply(incident, clicked, Note(text=f":white_check_mark: 4/4 {soaked.message}"))
+            try:
+                memory = probe.gpu_memory(workload, pod, started, self.clock())
+            except Exception as exc:  # a report, never a verdict: say it and go on
+                memory = f"GPU memory over the soak: not measured ({exc})"
+            self.messages.reply(incident, clicked, Note(text=f":bar_chart: {memory}"))
         else:
             self.messages.reply(incident, clicked, Note(text=f":x: 4/4 {soaked.message}", diagnosis=soaked.diagnosis,
                                                         rollback_incident=rollback))

@@ -215,9 +215,11 @@ def verify_steps(settings, cluster):  # -> VerifySteps
 
     probe = None
     if settings.cluster_source == "kube":
+        from bot.kube.prometheus import Prometheus
         from bot.kube.verify import ServingChecks
 
-        probe = ServingChecks(cluster.api, via=settings.verify_request_via)
+        prometheus = Prometheus(settings.prometheus_url) if settings.prometheus_url else None
+        probe = ServingChecks(cluster.api, via=settings.verify_request_via, prometheus=prometheus)
     return VerifySteps(probe=probe, request_timeout_seconds=settings.verify_request_timeout_seconds,
                        soak_seconds=settings.verify_soak_seconds)
 

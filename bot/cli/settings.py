@@ -51,6 +51,7 @@ ENV_VARS: dict[str, str] = {
     "verify_soak_seconds": "VLLM_ONCALL_VERIFY_SOAK_SECONDS",
     "verify_request_timeout_seconds": "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS",
     "verify_request_via": "VLLM_ONCALL_VERIFY_REQUEST_VIA",
+    "prometheus_url": "VLLM_ONCALL_PROMETHEUS_URL",
 }
 # a YAML key -> the setting: the setting's name, or its environment variable in lower case
 FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower(): name for name, var in ENV_VARS.items()}}
@@ -110,6 +111,7 @@ class Settings(BaseModel):
     verify_soak_seconds: float = Field(default=600, ge=0)
     verify_request_timeout_seconds: float = Field(default=60, gt=0)
     verify_request_via: Literal["proxy", "pod-ip"] = "proxy"
+    prometheus_url: str | None = None  # dcgm-exporter's GPU memory over the soak (bot/kube/prometheus.py)
 
     @field_validator("slack_bot_token")
     @classmethod

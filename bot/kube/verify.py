@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from bot.app.records import CompletionCheck, Verification
@@ -19,6 +20,8 @@ from bot.diagnosis.diagnose import diagnose as default_diagnose
 from bot.diagnosis.logfacts import PATTERNS
 from bot.kube.api import KubeApi
 from bot.kube.collect import age_key, collect, read_head_and_tail
+from bot.kube.errors import KubeError
+from bot.kube.prometheus import USED, Prometheus, PrometheusError, gpu_memory_trend
 from bot.remedy import changes as ch
 from bot.remedy.models import WorkloadRef
 
@@ -210,8 +213,8 @@ class ServingChecks:
 
     def __init__(self, api: KubeApi, via: str = "proxy", diagnose: Callable[..., Any] | None = None,
                  poll_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
-        self.api, self.via = api, via
+                 sleep: Callable[[float], None] = time.sleep, prometheus: Prometheus | None = None):
+        self.api, self.via, self.prometheus = api, via, prometheus
         self._diagnose = diagnose or default_diagnose
         self.poll_seconds, self.clock, self.sleep = poll_seconds, clock, sleep
 
@@ -277,6 +280,22 @@ class ServingChecks:
                 return Verification(outcome="ready", pod=pod_name,
                                     message=f"{pod_name}: no restart and no crash in {seconds:g} s")
             self.sleep(min(self.poll_seconds, max(0.0, deadline - self.clock())))
+
+
+    def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> str:
+        """Step 5: the pod's GPU memory over the window from Prometheus, or why it is absent."""
+        if self.prometheus is None:
+            return ("GPU memory over the soak: not measured (no Prometheus URL configured: "
+                    "VLLM_ONCALL_PROMETHEUS_URL)")
+        try:
+            node = ((self.api.get_pod(workload.namespace, pod_name).get("spec") or {}).get("nodeName"))
+            trends = gpu_memory_trend(self.prometheus, node, workload.namespace, pod_name, start, end)
+        except (PrometheusError, KubeError) as exc:
+            return f"GPU memory over the soak: not measured ({exc})"
+        if not trends:
+            return (f"GPU memory over the soak: not measured (Prometheus has no {USED} series for pod {pod_name} "
+                    f"or node {node}: is dcgm-exporter scraped?)")
+        return "GPU memory over the soak:\n" + "\n".join(t.line() for t in trends)
 
 
 def _restarts(pod: dict[str, Any], container: str) -> int:
