@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from bot.app import evidence_cache
 from bot.app.cas import IncidentCas, iso, moved
 from bot.app.incidents import incident_name
 from bot.app.messages import Messages
@@ -93,6 +94,7 @@ class Intake:
             pods=[target.pod], restarts=diagnosis.restarts, first_seen=now, last_seen=now,
             slack_channel=channel, proposal=proposal, diagnosis=diagnosis,
             post_lease=lease,  # the creator posts it: no other replica does meanwhile
+            evidence=evidence_cache.keep(evidence, now),  # for /vllm why once the previous log is gone
             history=[f"{iso(now)} created from pod {target.pod}"],
         )
 
@@ -111,7 +113,8 @@ class Intake:
             now = self.clock()
             counters = {"last_seen": now, "alert_count": incident.alert_count + 1,
                         "pods": (incident.pods + ([pod] if pod not in incident.pods else []))[-POD_LIMIT:],
-                        "restarts": max(incident.restarts or 0, diagnosis.restarts or 0)}
+                        "restarts": max(incident.restarts or 0, diagnosis.restarts or 0),
+                        "evidence": evidence_cache.keep(evidence, now) or incident.evidence}
             reopened = incident.state == IncidentState.RESOLVED
             if not reopened:
                 return incident.model_copy(update=counters)

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
+from bot.app.evidence_cache import CachedEvidence
 from bot.app.state import IncidentState
 from bot.diagnosis.models import DiagnosisResult
 from bot.remedy.models import Model, Proposal, WorkloadRef
@@ -36,6 +37,17 @@ class Verification(Model):
     kv_cache_line: str | None = None  # vLLM's own "GPU KV cache size: N tokens" / "# GPU blocks"
     concurrency_line: str | None = None
     diagnosis: DiagnosisResult | None = None  # when the new pod crashed again
+
+
+class CompletionCheck(Model):
+    """A real completion request to the new pod (verification step 3)."""
+
+    ok: bool
+    message: str
+    model: str | None = None
+    latency_seconds: float | None = None
+    tokens: int | None = None
+    diagnosis: DiagnosisResult | None = None  # a failed request, re-diagnosed from the pod's log
 
 
 class PostLease(Model):
@@ -99,6 +111,12 @@ class Incident(Model):
         return MessageRef(channel=self.slack_channel, ts=self.slack_ts) if self.slack_channel and self.slack_ts \
             else None
     version: str | None = None  # store's concurrency token (resourceVersion or file mtime)
+    # What the crash's collect read (bounded), for `/vllm why` once the previous log is gone
+    # (bot/app/evidence_cache.py); None for records written before it, or without a previous log.
+    evidence: CachedEvidence | None = None
+    # The verification step an applied change is in ("ready", "request", "soak"), so a restarted
+    # bot resumes it (bot/app/rollout.py); None when no verification is under way.
+    verification_step: str | None = None
 
     @field_serializer("state")
     def _plain_state(self, state: str) -> str:

@@ -9,6 +9,7 @@ and the patch applied is re-derived from the live object (plan.exact_patch / pla
 
 from __future__ import annotations
 
+from bot.app.evidence_cache import CachedEvidence
 from bot.app.records import Incident
 from bot.diagnosis.models import DiagnosisResult
 from bot.diagnosis.redact import DEFAULT, Redactor
@@ -33,4 +34,13 @@ def redacted_incident(incident: Incident, redactor: Redactor = DEFAULT) -> Incid
         "history": [redactor.text(line) for line in incident.history],
         "applied": incident.applied.model_copy(update={"message": redactor.text(incident.applied.message)})
         if incident.applied else None,
+        "evidence": redacted_evidence(incident.evidence, redactor) if incident.evidence else None,
     })
+
+
+def redacted_evidence(kept: CachedEvidence, redactor: Redactor = DEFAULT) -> CachedEvidence:
+    """The evidence kept with an incident for `/vllm why`: the log's text through the text rules
+    (which leave vLLM's numbers alone: the diagnosis from it is the same), the pod's containers
+    through the argv and env rules, everything else through the text rules."""
+    return kept.model_copy(update={"log_text": redactor.text(kept.log_text), "pod": redactor.structure(kept.pod),
+                                   "node": redactor.structure(kept.node), "events": redactor.structure(kept.events)})

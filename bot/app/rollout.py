@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Protocol
 
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
@@ -16,38 +18,63 @@ from bot.app.messages import Messages
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy
 from bot.app.ports import ClusterPort, IncidentStore
-from bot.app.records import ApplyResult, Incident, MessageRef, Note, RolloutOutcome, Verification
+from bot.app.records import ApplyResult, CompletionCheck, Incident, MessageRef, Note, RolloutOutcome, Verification
 from bot.app.state import ROLLBACK_FROM, IncidentState, can_move
+from bot.remedy.models import WorkloadRef
 
 log = logging.getLogger(__name__)
 S = IncidentState
 
 
+class ServingProbe(Protocol):
+    """Steps 3 and 4 on a cluster whose pods can be reached (bot.kube.verify.ServingChecks)."""
+
+    def ask(self, workload: WorkloadRef, pod_name: str, timeout_seconds: float) -> CompletionCheck:
+        """A real completion request to the pod: latency, tokens; a failure re-diagnosed."""
+
+    def soak(self, workload: WorkloadRef, pod_name: str, seconds: float) -> Verification:
+        """"ready" when the pod neither restarted nor crashed for `seconds`, else "crashed"."""
+
+    def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> str:
+        """The pod's GPU memory over [start, end] (start, peak, end, slope), or why it is absent."""
+
+
+@dataclass(frozen=True)
+class VerifySteps:
+    probe: ServingProbe | None = None  # None (a local cluster): verified at Ready + KV-cache line
+    request_timeout_seconds: float = 60.0
+    soak_seconds: float = 600.0  # the seeds' "keep an eye on it": ten minutes without a restart
+
+
 class Rollout:
     def __init__(self, cluster: ClusterPort, store: IncidentStore, cas: IncidentCas, approvers: Approvers,
-                 messages: Messages, metrics: Metrics, policy: Policy, clock: Callable[[], datetime]):
+                 messages: Messages, metrics: Metrics, policy: Policy, clock: Callable[[], datetime],
+                 steps: VerifySteps | None = None):
         self.cluster, self.store, self.cas, self.approvers = cluster, store, cas, approvers
         self.messages, self.metrics, self.policy, self.clock = messages, metrics, policy, clock
+        self.steps = steps or VerifySteps()
 
-    def verify(self, name: str, clicked: MessageRef | None = None) -> Incident | None:
-        """Follow the rollout and report it in the thread."""
+    def verify(self, name: str, clicked: MessageRef | None = None, resume_from: str | None = None
+               ) -> Incident | None:
+        """Follow the rollout and report each step in the thread as it happens: (1) the new pod
+        Ready, (2) vLLM's KV-cache line, (3) a real completion request, (4) a soak window. Only all
+        four make the incident `verified`. `resume_from`: the step a restarted bot was in."""
         incident = self.store.get(name)
         if incident is None or incident.proposal is None:
             return None
         rollback = name if incident.applied is not None else None  # a Roll back button only for a change made
+        self._step(name, "ready")
         try:
             result = self.cluster.verify(incident.proposal.workload, self.policy.verify_timeout_seconds)
         except Exception as exc:
             log.exception("verification of %s failed", name)
+            incident = self._step(name, None)
             self.messages.reply(incident, clicked, Note(text=f"Could not follow the rollout: {exc}",
                                                         rollback_incident=rollback))
             return incident
         if result.outcome == "ready":
-            incident = self._record(name, result, S.VERIFIED, f"verified: {result.message}")
-            lines = [f":white_check_mark: New pod {result.pod or ''} is Ready. {result.message}".rstrip()]
-            lines += [f"vLLM: {line}" for line in (result.kv_cache_line, result.concurrency_line) if line]
-            self.messages.reply(incident, clicked, Note(text="\n".join(lines)))
-        elif result.outcome == "crashed":
+            return self._after_ready(name, result, clicked, rollback, resume_from)
+        if result.outcome == "crashed":
             incident = self._record(name, result, S.FAILED, f"new pod crashed: {result.message}")
             self.messages.reply(incident, clicked, Note(text=f":x: The new pod {result.pod or ''} crashed again: "
                                                              f"{result.message}", diagnosis=result.diagnosis,
@@ -60,13 +87,105 @@ class Rollout:
         self.messages.refresh(incident, clicked)
         return incident
 
+    def _after_ready(self, name: str, result: Verification, clicked: MessageRef | None, rollback: str | None,
+                     resume_from: str | None) -> Incident:
+        """Steps 2-4 once the new pod is Ready."""
+        incident = self.store.get(name)
+        assert incident is not None and incident.proposal is not None, f"incident {name} lost its proposal"
+        workload = incident.proposal.workload
+        if not result.kv_cache_line:
+            incident = self._record(name, result, None, "")
+            self.messages.reply(incident, clicked, Note(
+                text=f":warning: Ready, no KV figures: the new pod {result.pod or ''} is Ready, but vLLM printed no "
+                     f"KV-cache line, so the fix is not confirmed (the incident stays {incident.state}).",
+                rollback_incident=rollback))
+            return incident
+        lines = [f":white_check_mark: 1/4 New pod {result.pod or ''} is Ready. {result.message}".rstrip()]
+        lines += [f"2/4 vLLM: {line}" for line in (result.kv_cache_line, result.concurrency_line) if line]
+        self.messages.reply(incident, clicked, Note(text="\n".join(lines)))
+        probe, pod = self.steps.probe, result.pod or ""
+        if probe is not None:
+            if resume_from != "soak":
+                failed = self._request(name, probe, workload, pod, clicked, rollback)
+                if failed is not None:
+                    return failed
+            if self.steps.soak_seconds > 0:
+                soaked = self._soak(name, probe, workload, pod, clicked, rollback)
+                if soaked.outcome != "ready":
+                    return self._record(name, soaked, S.FAILED, f"crashed in the soak: {soaked.message}")
+        incident = self._record(name, result, S.VERIFIED, f"verified: {result.message}")
+        self.messages.refresh(incident, clicked)
+        return incident
+
+    def _request(self, name: str, probe: ServingProbe, workload: WorkloadRef, pod: str,
+                 clicked: MessageRef | None, rollback: str | None) -> Incident | None:
+        """Step 3; the failed incident, or None when the request succeeded."""
+        incident = self._step(name, "request")
+        check = probe.ask(workload, pod, self.steps.request_timeout_seconds)
+        if check.ok:
+            self.messages.reply(incident, clicked, Note(text=f":speech_balloon: 3/4 {check.message}"))
+            return None
+        failed = self._record(name, Verification(outcome="crashed", pod=pod, message=check.message), S.FAILED,
+                              f"completion request failed: {check.message}")
+        self.messages.reply(failed, clicked, Note(text=f":x: 3/4 The new pod {pod} is Ready but does not serve: "
+                                                       f"{check.message}", diagnosis=check.diagnosis,
+                                                  rollback_incident=rollback))
+        self.messages.refresh(failed, clicked)
+        return failed
+
+    def _soak(self, name: str, probe: ServingProbe, workload: WorkloadRef, pod: str,
+              clicked: MessageRef | None, rollback: str | None) -> Verification:
+        """Step 4: no restart and no crash for the soak window."""
+        incident = self._step(name, "soak")
+        self.messages.reply(incident, clicked, Note(
+            text=f":hourglass_flowing_sand: 4/4 Soak: watching {pod} for {self.steps.soak_seconds:g} s."))
+        started = self.clock()
+        soaked = probe.soak(workload, pod, self.steps.soak_seconds)
+        if soaked.outcome == "ready":
+            self.messages.reply(incident, clicked, Note(text=f":white_check_mark: 4/4 {soaked.message}"))
+            try:
+                memory = probe.gpu_memory(workload, pod, started, self.clock())
+            except Exception as exc:  # a report, never a verdict: say it and go on
+                memory = f"GPU memory over the soak: not measured ({exc})"
+            self.messages.reply(incident, clicked, Note(text=f":bar_chart: {memory}"))
+        else:
+            self.messages.reply(incident, clicked, Note(text=f":x: 4/4 {soaked.message}", diagnosis=soaked.diagnosis,
+                                                        rollback_incident=rollback))
+        return soaked
+
+    def _step(self, name: str, step: str | None) -> Incident:
+        """Store the verification step on the incident, so a restarted bot resumes it."""
+        def mark(inc: Incident) -> Incident | None:
+            return inc.model_copy(update={"verification_step": step}) if inc.verification_step != step else None
+
+        incident = self.cas.mutate(name, mark) or self.store.get(name)
+        assert incident is not None, f"incident {name} vanished"
+        return incident
+
+    def resume_interrupted(self, run: Callable[[Callable[[], object]], object]) -> list[str]:
+        """After a restart: verifications the stored step says were under way, resumed (each in
+        `run`) with a thread reply saying so. Returns their names."""
+        resumed = []
+        for incident in self.store.list(cluster=self.cluster.name):
+            step = incident.verification_step
+            if step is None or incident.state != S.APPLIED:
+                continue
+            resumed.append(incident.name)
+            self.messages.reply(incident, None, Note(
+                text=f":arrows_counterclockwise: The bot restarted during verification (step: {step}); resuming it."))
+            run(self._resumer(incident.name, step))
+        return resumed
+
+    def _resumer(self, name: str, step: str) -> Callable[[], object]:
+        return lambda: self.verify(name, None, resume_from=step)
+
     def _record(self, name: str, result: Verification, to: IncidentState | None, note: str) -> Incident:
         """Record the rollout's outcome on the applied change and move to `to`, unless the
         incident has moved on meanwhile (rolled back, re-diagnosed): then the result is stale
         and only reported."""
         def change(inc: Incident) -> Incident | None:
             now = self.clock()
-            fields = {}
+            fields: dict[str, Any] = {"verification_step": None}  # every result ends the verification
             if inc.applied is not None:
                 outcome = RolloutOutcome(outcome=result.outcome, pod=result.pod, message=result.message, at=now)
                 fields["applied"] = inc.applied.model_copy(update={"rollout": outcome})
@@ -75,7 +194,7 @@ class Rollout:
             if to is not None:
                 log.warning("incident %s is %s now: not moving it to %s on a stale rollout result",
                             name, inc.state, to)
-            return inc.model_copy(update=fields) if fields else None
+            return inc.model_copy(update=fields)
 
         incident = self.cas.mutate(name, change)
         assert incident is not None, f"incident {name} vanished"

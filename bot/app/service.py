@@ -31,7 +31,7 @@ from bot.app.ports import ChatPort, ClusterPort, IncidentStore
 from bot.app.posting import Poster
 from bot.app.proposals import Proposer
 from bot.app.records import AlertTarget, Incident, MessageRef
-from bot.app.rollout import Rollout
+from bot.app.rollout import Rollout, VerifySteps
 from bot.app.why import Why
 from bot.diagnosis.diagnose import diagnose as default_diagnose
 from bot.diagnosis.models import DiagnosisResult, Evidence
@@ -44,7 +44,7 @@ class OncallService:
                  metrics: Metrics | None = None,
                  diagnose: Callable[[Evidence], DiagnosisResult] = default_diagnose,
                  run_later: Callable[[Callable[[], object]], object] | None = None,
-                 clock: Callable[[], datetime] = utcnow):
+                 clock: Callable[[], datetime] = utcnow, verify_steps: VerifySteps | None = None):
         self.cluster, self.store, self.chat = cluster, store, chat
         self.policy = policy or Policy()
         self.metrics = metrics or Metrics()
@@ -61,7 +61,9 @@ class OncallService:
         self.intake = Intake(cluster, store, cas, proposer, self.posting, messages, self.metrics, clock)
         self.why = Why(cluster, store, chat, cas, self.intake, proposer, self.posting, self.metrics, self.policy,
                        clock)
-        self.rollout = Rollout(cluster, store, cas, self.approvers, messages, self.metrics, self.policy, clock)
+        self.rollout = Rollout(cluster, store, cas, self.approvers, messages, self.metrics, self.policy, clock,
+                               verify_steps)
+        self._resumed = False  # verifications a restart interrupted: resumed by the first sweep
         self.decisions = Decisions(cluster, store, cas, self.approvers, messages, proposer, self.intake,
                                    self.metrics, self._follow_rollout, clock)
 
@@ -100,6 +102,9 @@ class OncallService:
         left in `applying` (a lost answer, a killed replica), expire old proposals."""
         self.posting.post_pending()
         self.decisions.resume_applying(self.cluster.name)
+        if not self._resumed:
+            self._resumed = True
+            self.rollout.resume_interrupted(self.run_later)
         self.expire()
 
     def expire(self) -> list[Incident]:

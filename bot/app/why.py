@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from bot.app import evidence_cache
 from bot.app.cas import IncidentCas, moved
 from bot.app.incidents import incident_name
 from bot.app.intake import Intake
@@ -16,7 +17,7 @@ from bot.app.policy import Policy
 from bot.app.ports import ChatPort, ChatUnavailable, ClusterPort, IncidentStore, PodNotFound
 from bot.app.posting import Poster
 from bot.app.proposals import Proposer, offers_button, open_state
-from bot.app.records import AlertTarget, Incident, MessageRef
+from bot.app.records import AlertTarget, Incident, MessageRef, Note
 from bot.app.state import IncidentState, can_move
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import WorkloadRef
@@ -58,22 +59,55 @@ class Why:
             self.chat.tell_user(channel, user, f"Could not read {namespace}/{name} in cluster "
                                                f"{self.cluster.name}: {exc}")
             return None
-        diagnosis = self.proposer.diagnose(evidence)
         workload = self.cluster.workload_for(evidence)
+        evidence, kept_note = self._kept_if_log_gone(evidence, workload)
+        diagnosis = self.proposer.diagnose(evidence)
         key = incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause)
         existing = self.store.get(key)
+        posted: MessageRef | None = None
         if existing is None:
-            return self.intake.open_or_update(AlertTarget(namespace=namespace, pod=pod), evidence, channel,
-                                              diagnosis, workload)
-        if self._show_as_is(existing):
+            answer = self.intake.open_or_update(AlertTarget(namespace=namespace, pod=pod), evidence, channel,
+                                                diagnosis, workload)
+        elif self._show_as_is(existing):
             # Same incident, same proposal: show it here too; a click on either message acts once.
+            answer = existing
             try:
-                copy = self.chat.post_incident(existing, channel)
+                posted = self.chat.post_incident(existing, channel)
             except ChatUnavailable as exc:
                 log.warning("could not answer /vllm why in %s: %s", channel, exc)
-                return existing
-            return self.cas.mutate(key, lambda inc: inc.model_copy(update={"copies": with_copy(inc, copy)}))
-        return self._rediagnose(key, pod, diagnosis, evidence, workload, channel, user)
+            else:  # a copy of the message: refreshed with it, and its buttons act on the same proposal
+                copy = posted
+                answer = self.cas.mutate(key, lambda inc: inc.model_copy(
+                    update={"copies": with_copy(inc, copy)})) or existing
+        else:
+            answer = self._rediagnose(key, pod, diagnosis, evidence, workload, channel, user)
+        if kept_note and answer is not None:
+            self._say(posted or _message_of(answer), kept_note)
+        return answer
+
+    def _kept_if_log_gone(self, evidence: Evidence, workload: WorkloadRef) -> tuple[Evidence, str | None]:
+        """The evidence kept with the workload's latest incident when the previous log is gone
+        (the container restarted since), with a line saying when it was collected."""
+        if not evidence_cache.previous_log_gone(evidence):
+            return evidence, None
+        kept = [inc.evidence for inc in self.store.list(cluster=self.cluster.name, namespace=workload.namespace)
+                if inc.workload == workload.name and inc.evidence is not None]
+        if not kept:
+            return evidence, None
+        latest = max(kept, key=lambda e: e.collected_at)
+        now = self.clock()
+        note = (f"The previous container's log is gone (the container restarted since), so this diagnosis is "
+                f"from the evidence collected at {latest.collected_at:%Y-%m-%d %H:%M:%S} UTC "
+                f"({evidence_cache.age(latest, now)}), kept with the incident.")
+        return evidence_cache.restore(latest), note
+
+    def _say(self, where: MessageRef | None, text: str) -> None:
+        if where is None:
+            return
+        try:
+            self.chat.reply(where, Note(text=text))
+        except ChatUnavailable as exc:
+            log.warning("could not say where the evidence came from: %s", exc)
 
     def _show_as_is(self, incident: Incident) -> bool:
         """A live proposal, or a change in flight (or a state the table lets nothing re-open)."""
@@ -102,3 +136,9 @@ class Why:
         if offers_button(proposal):
             self.metrics.proposals.inc()
         return self.poster.ensure_posted(key, lease=lease)
+
+
+def _message_of(incident: Incident) -> MessageRef | None:
+    if incident.slack_channel and incident.slack_ts:
+        return MessageRef(channel=incident.slack_channel, ts=incident.slack_ts)
+    return None

@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--config", metavar="FILE", help="YAML file with settings (environment variables win)")
     serve.add_argument("--check", action="store_true", help="validate the configuration and exit")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument("--watch", action="store_true",
+                       help="watch pods and diagnose a vLLM container at its first crash (VLLM_ONCALL_WATCH)")
     add_playbooks_option(serve)
     serve.set_defaults(func=run_serve)
 
@@ -180,7 +182,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _overrides(args: argparse.Namespace) -> dict:
     """Command-line options that are settings too (they win over the environment)."""
-    return {"playbooks": args.playbooks} if args.playbooks else {}
+    out: dict = {"playbooks": args.playbooks} if args.playbooks else {}
+    if getattr(args, "watch", False):
+        out["watch"] = True
+    return out
 
 
 def _summary(settings) -> str:
@@ -191,7 +196,47 @@ def _summary(settings) -> str:
     return (f"cluster {settings.cluster_name}; mode {settings.mode}; Slack via {mode}, channel "
             f"{settings.slack_channel}; incidents: {store_desc}; approvers: {approvers}; "
             f"alerts: {', '.join(settings.alertnames)} on {settings.listen}/alerts"
-            f"{' (bearer token required)' if settings.alert_token else ''}")
+            f"{' (bearer token required)' if settings.alert_token else ''}"
+            f"{_watch_summary(settings)}")
+
+
+def _watch_summary(settings) -> str:
+    if not settings.watch:
+        return "; pod watch off (the alert path only)"
+    scope = ", ".join(settings.watch_namespaces) or "all namespaces"
+    selector = f" with {settings.watch_label_selector}" if settings.watch_label_selector else ""
+    return f"; pod watch on: first crashes of vLLM containers in {scope}{selector}"
+
+
+def verify_steps(settings, cluster):  # -> VerifySteps
+    """Steps 3 and 4 of verification (a completion request, a soak) on a live cluster; a local
+    one has no pods to ask, so it stops at Ready + KV-cache line."""
+    from bot.app.rollout import VerifySteps
+
+    probe = None
+    if settings.cluster_source == "kube":
+        from bot.kube.prometheus import Prometheus
+        from bot.kube.verify import ServingChecks
+
+        prometheus = Prometheus(settings.prometheus_url) if settings.prometheus_url else None
+        probe = ServingChecks(cluster.api, via=settings.verify_request_via, prometheus=prometheus)
+    return VerifySteps(probe=probe, request_timeout_seconds=settings.verify_request_timeout_seconds,
+                       soak_seconds=settings.verify_soak_seconds)
+
+
+def start_watch(settings, cluster, service):  # -> PodWatch | None
+    """VLLM_ONCALL_WATCH: a pod watch whose crashes go the alert's way (service.handle_alert), so
+    the later KubePodCrashLooping alert folds into the incident the watch opened. Daemon threads:
+    they end with the process; the incidents are in the store."""
+    if not settings.watch:
+        return None
+    from bot.kube.watch import PodWatch, WatchSettings, as_alert
+
+    watch_settings = WatchSettings(namespaces=tuple(settings.watch_namespaces),
+                                   label_selector=settings.watch_label_selector)
+    watcher = PodWatch(cluster.api, lambda crash: service.handle_alert(as_alert(crash)), watch_settings)
+    logging.getLogger(__name__).info("pod watch started%s", _watch_summary(settings).removeprefix("; pod watch on"))
+    return watcher.start()
 
 
 class CheckFailed(RuntimeError):
@@ -327,7 +372,8 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                     proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                     verify_timeout_seconds=settings.verify_timeout_seconds,
                     default_namespace=settings.default_namespace, redactor=redactor)
-    service = OncallService(cluster, store, chat, policy, metrics, **_diagnose_kw(books))
+    service = OncallService(cluster, store, chat, policy, metrics, **_diagnose_kw(books),
+                            verify_steps=verify_steps(settings, cluster))
     _wire_commentary(service, metrics, redactor)
     app = build_app(service, client, signing_secret=settings.slack_signing_secret,
                     token_verification_enabled=False, default_namespace=settings.default_namespace)
@@ -338,6 +384,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                        readiness_checks={"slack": chat.check,
                                          "kubernetes": lambda: kubernetes_answers(settings, cluster, store)},
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds)
+    start_watch(settings, cluster, service)
     socket_handler = None
     if settings.slack_app_token:
         from slack_bolt.adapter.socket_mode import SocketModeHandler

@@ -46,11 +46,18 @@ ENV_VARS: dict[str, str] = {
     "mode": "VLLM_ONCALL_MODE",
     "playbooks": "VLLM_ONCALL_PLAYBOOKS",
     "redact_patterns": "VLLM_ONCALL_REDACT_PATTERNS",
+    "watch": "VLLM_ONCALL_WATCH",
+    "watch_namespaces": "VLLM_ONCALL_WATCH_NAMESPACES",
+    "watch_label_selector": "VLLM_ONCALL_WATCH_LABEL_SELECTOR",
+    "verify_soak_seconds": "VLLM_ONCALL_VERIFY_SOAK_SECONDS",
+    "verify_request_timeout_seconds": "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS",
+    "verify_request_via": "VLLM_ONCALL_VERIFY_REQUEST_VIA",
+    "prometheus_url": "VLLM_ONCALL_PROMETHEUS_URL",
 }
 # a YAML key -> the setting: the setting's name, or its environment variable in lower case
 FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower(): name for name, var in ENV_VARS.items()}}
 CONFIG_FILE_VAR = "VLLM_ONCALL_CONFIG"
-LIST_SETTINGS = {"approver_users", "approver_groups", "alertnames", "playbooks"}
+LIST_SETTINGS = {"approver_users", "approver_groups", "alertnames", "playbooks", "watch_namespaces"}
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -101,6 +108,15 @@ class Settings(BaseModel):
     # expressions; the match (or its group named `secret`) becomes ***. In the environment: one per
     # line, or a JSON list (a comma may be part of a pattern, so commas do not separate them).
     redact_patterns: list[str] = Field(default_factory=list)
+    # A pod watch: diagnose at a vLLM container's first crash, not 16-21 minutes later (bot/kube/watch.py)
+    watch: bool = False
+    watch_namespaces: list[str] = Field(default_factory=list)  # empty: all namespaces
+    watch_label_selector: str | None = None  # None: vLLM containers recognised by image / command
+    # Verification after Ready + KV line: a completion request, then a soak (bot/app/rollout.py)
+    verify_soak_seconds: float = Field(default=600, ge=0)
+    verify_request_timeout_seconds: float = Field(default=60, gt=0)
+    verify_request_via: Literal["proxy", "pod-ip"] = "proxy"
+    prometheus_url: str | None = None  # dcgm-exporter's GPU memory over the soak (bot/kube/prometheus.py)
 
     @field_validator("slack_bot_token")
     @classmethod
@@ -160,6 +176,8 @@ class Settings(BaseModel):
         if self.mode == "approve" and not self.approver_users and not self.approver_groups:
             problems.append(f"{ENV_VARS['approver_users']} or {ENV_VARS['approver_groups']}: set at least one "
                             f"approver, otherwise nobody may click Approve ({ENV_VARS['mode']}=approve)")
+        if self.watch and self.cluster_source != "kube":
+            problems.append(f"{ENV_VARS['watch']}: needs {ENV_VARS['cluster_source']}=kube (it watches pods)")
         if self.cluster_source == "local" and self.bundle_dir is None:
             problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
         if problems:

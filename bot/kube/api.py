@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from bot.kube.errors import (
@@ -223,3 +223,80 @@ class KubeApi:
                           group, version, namespace, plural, name, body,
                           _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
 
+
+    def list_pods_versioned(self, namespace: str | None, label_selector: str | None = None
+                            ) -> tuple[list[dict[str, Any]], str]:
+        """Pods of a namespace (None: all) and the list's resourceVersion, to watch from (bot.kube.watch)."""
+        if namespace is None:
+            body = self._call("list", "pods", None, self.core.list_pod_for_all_namespaces,
+                              label_selector=label_selector)
+        else:
+            body = self._call("list", "pods", namespace, self.core.list_namespaced_pod, namespace,
+                              label_selector=label_selector)
+        return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_pods(self, namespace: str | None, resource_version: str, label_selector: str | None = None,
+                   timeout_seconds: int = 300, on_open: Callable[[Any], object] | None = None
+                   ) -> Iterator[dict[str, Any]]:
+        """One watch request on pods from `resource_version`, through the client's watch.Watch:
+        the server's events as JSON ({"type", "object"}). A too-old resourceVersion raises KubeError
+        with status 410 (list again); `on_open(w)` gets the Watch, whose stop() ends the stream."""
+        w = _RawWatch()
+        if on_open is not None:
+            on_open(w)
+        func: Callable[..., Any] = self.core.list_namespaced_pod
+        args: tuple[str, ...] = (namespace,) if namespace is not None else ()
+        if namespace is None:
+            func = self.core.list_pod_for_all_namespaces
+        try:
+            for event in w.stream(func, *args, resource_version=resource_version, allow_watch_bookmarks=True,
+                                  label_selector=label_selector, timeout_seconds=timeout_seconds,
+                                  _request_timeout=(10, timeout_seconds + 30)):
+                yield {"type": event.get("type"), "object": event.get("raw_object") or event.get("object") or {}}
+        except ApiException as exc:
+            raise typed_error(exc, "watch", "pods", namespace) from None
+
+
+class _RawWatch(watch.Watch):
+    """The client's Watch, yielding the server's JSON (camelCase dicts, as everywhere here) instead
+    of deserialized models; 410 and other ERROR events still raise ApiException."""
+
+    def get_return_type(self, func: Any) -> Any:
+        return None
+
+    def close(self) -> None:
+        """stop() and close the open response, so a blocked read ends now."""
+        self.stop()
+        resp = getattr(self, "_resp", None)
+        if resp is not None:
+            try:
+                resp.close()
+            except Exception:
+                pass
+
+
+def _proxy_path(namespace: str, pod: str, port: int | None, path: str) -> str:
+    from urllib.parse import quote
+
+    target = f"{pod}:{port}" if port else pod
+    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(target)}/proxy/{path.lstrip('/')}"
+
+
+def proxy_pod(api: KubeApi, namespace: str, pod: str, port: int | None, method: str, path: str,
+              body: dict[str, Any] | None = None, timeout: float = 30.0) -> tuple[int, str]:
+    """An HTTP request to the pod through the API server's pod proxy subresource (pods/proxy):
+    (status, text), whether the pod or the API server answered (a refusal is a Status object).
+    No answer within `timeout`: TimeoutError; not reachable: KubeUnavailable."""
+    client_ = api.api_client
+    params = client_.param_serialize(method, _proxy_path(namespace, pod, port, path), body=body,
+                                     header_params={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        response = client_.call_api(*params, _request_timeout=timeout)
+        data = response.read() or b""
+        return int(response.status), data.decode("utf-8", errors="replace")
+    except Exception as exc:
+        if "timed out" in str(exc).lower() or "timeout" in type(exc).__name__.lower():
+            raise TimeoutError(f"no answer from pod {namespace}/{pod} within {timeout:g} s") from None
+        if is_transient(exc):
+            raise typed_error(exc, method, "pods/proxy", namespace) from None
+        raise

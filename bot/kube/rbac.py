@@ -8,8 +8,10 @@ from __future__ import annotations
 
 # (apiGroup, resource, verbs). "" is the core group.
 REQUIRED: list[tuple[str, str, tuple[str, ...]]] = [
-    ("", "pods", ("get", "list")),  # the crashed pod; pods of a workload; GPU pods on its node (bundle)
+    ("", "pods", ("get", "list", "watch")),  # the crashed pod; pods of a workload; GPU pods on its node
+    # (bundle); watch: the first termination of a vLLM container (bot/kube/watch.py)
     ("", "pods/log", ("get",)),  # previous and current container logs
+    ("", "pods/proxy", ("get", "create")),  # verification: GET /v1/models, POST /v1/completions to the new pod
     ("", "events", ("list", "create")),  # a killed pod's events; the audit Event on the workload
     ("", "nodes", ("get",)),  # GPU labels and capacity
     ("apps", "replicasets", ("get", "list")),  # owner resolution; following a rollout

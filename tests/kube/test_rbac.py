@@ -91,6 +91,31 @@ def test_every_call_the_code_makes_is_required_and_every_required_permission_is_
         store.update(made.model_copy(update={"state": "approved"}))
         assert store.get("i") is not None and store.list(state="approved")
 
+    # Verification's completion request, through the pod proxy (bot/kube/verify.py ServingChecks).
+    from kubeapi.vllmpod import ScriptedVllm
+
+    from bot.kube.verify import ServingChecks
+
+    vllm = ScriptedVllm(model="q").start()  # the StatefulSet's --model q
+    kube_api.default_pod_backend = vllm.url
+    try:
+        sts_ref = cluster.workload_for(cluster.collect(NS, sts_pod["metadata"]["name"]))
+        assert ServingChecks(api).ask(sts_ref.model_copy(update={"container": "vllm"}),
+                                      sts_pod["metadata"]["name"], 5).ok
+        no_model = container(args=["--port", "8000"])
+        bare = kube_api.put(deployment("bare", [no_model], NS))
+        bare_pod = start_pod(kube_api, bare, "ready", suffix="b")["metadata"]["name"]
+        assert ServingChecks(api).ask(sts_ref.model_copy(update={"name": "bare"}), bare_pod, 5).ok  # via /v1/models
+    finally:
+        vllm.stop()
+
+    # The pod watch (bot/kube/watch.py): list, then watch from the list's resourceVersion.
+    from bot.kube.watch import PodWatch, WatchSettings
+
+    watcher = PodWatch(api, lambda crash: None, WatchSettings(namespaces=(NS,), timeout_seconds=1)).start()
+    assert kube_api.wait_for_watchers(1)
+    watcher.stop()
+
     called = kube_api.called()
     assert called <= required_set(), f"called but not in REQUIRED: {sorted(called - required_set())}"
     if KubeIncidentStore is not None:

@@ -18,6 +18,7 @@ cannot run on the test machines):
 - `calls`: every (verb, apiGroup, resource) the client made, for the RBAC test.
 - `on_write`: a hook called after each persisted write of a workload, so a test can play the
   part of the Deployment controller (create a new ReplicaSet and pod) deterministically.
+- watch (`?watch=1` on lists) and the pod proxy subresource: tests/kubeapi/streams.py.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 import kubernetes_validate
+
+from kubeapi.streams import StreamingMixin, Streams
 
 # (apiGroup, resource) -> (kind, apiVersion, namespaced)
 RESOURCES: dict[tuple[str, str], tuple[str, str, bool]] = {
@@ -213,7 +216,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 # ---- the store ------------------------------------------------------------------------------
 
-class FakeKube:
+class FakeKube(Streams):
     """The API's state plus the HTTP server that serves it. Start with `start()`."""
 
     def __init__(self, user: str = "system:serviceaccount:vllm-oncall:vllm-oncall"):
@@ -229,12 +232,13 @@ class FakeKube:
         self.on_write: Callable[[FakeKube, dict[str, Any], dict[str, Any] | None], None] | None = None
         self.server: ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
+        self._init_streams()  # watch, pod proxy (tests/kubeapi/streams.py)
 
     # -- lifecycle
     def start(self) -> FakeKube:
         fake = self
 
-        class Handler(_Handler):
+        class Handler(StreamingMixin, _Handler):
             kube = fake
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -1,0 +1,135 @@
+"""GPU memory over time from Prometheus (dcgm-exporter's metrics), for verification's last step.
+
+Plain HTTP to Prometheus's own API (`GET /api/v1/query_range`), the answer read through pydantic
+models. The metrics are dcgm-exporter's: `DCGM_FI_DEV_FB_USED` and `DCGM_FI_DEV_FB_FREE`, in MiB,
+one series per GPU with the labels `Hostname` (the node), `gpu` (index), `UUID`, `modelName`, and
+`pod` / `namespace` / `container` when the exporter maps GPUs to pods (its kubernetes mode).
+
+The trend is read per GPU: start, peak, end (GiB) and the slope over the window; a warning when
+the peak comes within WARN_FRACTION of the card (used + free), or when the slope would fill the
+card within an hour ("a slow climb points to fragmentation or a KV cache sized too close to the
+limit", as the seeds say).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+log = logging.getLogger("bot.kube.prometheus")
+
+USED, FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
+WARN_FRACTION = 0.95
+MIB_PER_GIB = 1024.0
+
+
+class Series(BaseModel):
+    metric: dict[str, str] = Field(default_factory=dict)
+    values: list[tuple[float, str]] = Field(default_factory=list)
+
+
+class MatrixData(BaseModel):
+    resultType: Literal["matrix"]
+    result: list[Series] = Field(default_factory=list)
+
+
+class QueryRangeAnswer(BaseModel):
+    status: Literal["success", "error"]
+    data: MatrixData | None = None
+    errorType: str | None = None
+    error: str | None = None
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus could not be asked, or refused the query; the message says which."""
+
+
+class Prometheus:
+    def __init__(self, url: str, timeout: float = 10.0):
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def query_range(self, query: str, start: datetime, end: datetime, step_seconds: float) -> list[Series]:
+        params = urllib.parse.urlencode({"query": query, "start": f"{start.timestamp():.3f}",
+                                         "end": f"{end.timestamp():.3f}", "step": f"{max(step_seconds, 0.001):g}s"})
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{params}", timeout=self.timeout) as r:
+                raw = r.read()
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()  # a 400/422 carries Prometheus's own error
+        except (OSError, ValueError) as exc:
+            raise PrometheusError(f"Prometheus at {self.url} could not be asked: {exc}") from None
+        try:
+            answer = QueryRangeAnswer.model_validate(json.loads(raw))
+        except ValueError as exc:
+            raise PrometheusError(f"Prometheus at {self.url} sent an answer that is not a range query's: "
+                                  f"{str(exc).splitlines()[0]}") from None
+        if answer.status != "success" or answer.data is None:
+            raise PrometheusError(f"Prometheus refused the query: {answer.errorType}: {answer.error}")
+        return answer.data.result
+
+
+class GpuTrend(BaseModel):
+    gpu: str  # "0 (GPU-uuid…)"
+    start_gib: float
+    peak_gib: float
+    end_gib: float
+    capacity_gib: float | None
+    slope_gib_per_hour: float
+    warning: str | None = None
+
+    def line(self) -> str:
+        cap = f" of {self.capacity_gib:.1f} GiB" if self.capacity_gib else ""
+        text = (f"GPU {self.gpu}: {self.start_gib:.1f} -> peak {self.peak_gib:.1f} -> {self.end_gib:.1f} GiB{cap}, "
+                f"slope {self.slope_gib_per_hour:+.2f} GiB/h")
+        return text + (f" :warning: {self.warning}" if self.warning else "")
+
+
+def _selector(node: str | None, namespace: str | None, pod: str | None) -> str:
+    parts = [f'Hostname="{node}"'] if node else []
+    if pod:
+        parts += [f'namespace="{namespace}"', f'pod="{pod}"']
+    return "{" + ",".join(parts) + "}"
+
+
+def _key(series: Series) -> str:
+    m = series.metric
+    return f"{m.get('gpu', '?')} ({m.get('UUID', 'no UUID')})"
+
+
+def _trend(used: Series, free: Series | None) -> GpuTrend:
+    points = [(t, float(v)) for t, v in used.values]
+    values = [v for _, v in points]
+    capacity = None
+    if free is not None and free.values:
+        capacity = (float(free.values[-1][1]) + values[-1]) / MIB_PER_GIB
+    hours = (points[-1][0] - points[0][0]) / 3600 if len(points) > 1 else 0.0
+    slope = ((values[-1] - values[0]) / MIB_PER_GIB / hours) if hours > 0 else 0.0
+    peak = max(values) / MIB_PER_GIB
+    warning = None
+    if capacity and peak >= WARN_FRACTION * capacity:
+        warning = f"the peak is {peak / capacity:.0%} of the card: the KV cache is sized too close to the limit"
+    elif capacity and slope > 0 and (capacity - values[-1] / MIB_PER_GIB) / slope < 1.0:
+        warning = "climbing: at this rate the card is full within the hour (fragmentation, or a KV cache too close)"
+    return GpuTrend(gpu=_key(used), start_gib=values[0] / MIB_PER_GIB, peak_gib=peak, end_gib=values[-1] / MIB_PER_GIB,
+                    capacity_gib=capacity, slope_gib_per_hour=slope, warning=warning)
+
+
+def gpu_memory_trend(prom: Prometheus, node: str | None, namespace: str, pod: str, start: datetime,
+                     end: datetime) -> list[GpuTrend]:
+    """One trend per GPU of the pod (by the exporter's pod mapping, else every GPU of its node)."""
+    step = max(1.0, (end - start).total_seconds() / 200)
+    for sel in (_selector(node, namespace, pod), _selector(node, None, None)):
+        if sel == "{}":
+            continue
+        used = prom.query_range(f"{USED}{sel}", start, end, step)
+        if used:
+            free = {_key(s): s for s in prom.query_range(f"{FREE}{sel}", start, end, step)}
+            return [_trend(s, free.get(_key(s))) for s in sorted(used, key=_key) if s.values]
+    return []

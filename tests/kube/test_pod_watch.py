@@ -1,0 +1,209 @@
+"""Detection at the first termination (bot/kube/watch.py), through the real kubernetes client's
+watch against the API stand-in, with the real service, incident store and Slack client behind it.
+
+The promise: a vLLM container's first crash is one Slack message, before any alert; the alert
+that comes later folds into it; a relist after 410 Gone and a dropped watch connection miss no
+crash and post none twice; two replicas watching post once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from kubeapi.objects import container, deployment, node, start_pod
+from kubeapi.server import FakeKube
+from slackapi import SlackStandIn
+
+from bot.app.records import AlertTarget
+from bot.app.service import OncallService, Policy
+from bot.kube.api import KubeApi
+from bot.kube.incidents import KubeIncidentStore
+from bot.kube.live import LiveCluster
+from bot.kube.retry import RetryPolicy
+from bot.kube.watch import PodState, PodWatch, WatchSettings, as_alert, is_vllm_container
+from bot.slack.chat import SlackChat, make_client
+
+EXAMPLE_LOG = (Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle" / "previous.log").read_text()
+NS = "inference"
+SETTINGS = WatchSettings(namespaces=(NS,), timeout_seconds=5, backoff_initial=0.02, backoff_max=0.2)
+
+
+def make_service(kube: FakeKube, slack: SlackStandIn, replica: str = "a") -> OncallService:
+    api = KubeApi(kube.api_client(), retry=RetryPolicy(attempts=3, sleep=lambda s: None))
+    chat = SlackChat(make_client("xoxb-watch", slack.url), "C0ALERTS", backoff_seconds=0.01)
+    return OncallService(LiveCluster(api, name="watch"), KubeIncidentStore(api, "vllm-oncall"), chat,
+                         Policy(approver_users=frozenset({"U0A"})), metrics=chat.metrics)
+
+
+def running_vllm(kube: FakeKube, name: str, image_only: bool = False) -> str:
+    """A Deployment whose one vLLM pod is running, never crashed yet; returns the pod name."""
+    kube.put(node())
+    c = container(command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
+                  args=["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"])
+    dep = kube.put(deployment(name, [c], NS))
+    return start_pod(kube, dep, "starting")["metadata"]["name"]
+
+
+def crash(kube: FakeKube, pod: str, exit_code: int = 1, reason: str = "Error", restarts: int = 1,
+          finished: str = "2026-11-30T05:01:30Z", log: str = EXAMPLE_LOG) -> None:
+    """What the kubelet does at a container's termination: the log is kept as --previous, the
+    status gets lastState.terminated and a restart."""
+    kube.set_log(NS, pod, "vllm", log, previous=True)
+
+    def mutate(obj: dict) -> None:
+        cs = obj["status"]["containerStatuses"][0]
+        cs["restartCount"] = restarts
+        cs["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed"}}
+        cs["lastState"] = {"terminated": {"exitCode": exit_code, "reason": reason,
+                                          "startedAt": "2026-11-30T05:00:00Z", "finishedAt": finished}}
+
+    kube.edit("Pod", pod, NS, mutate)
+
+
+def alert_count(kube: FakeKube, slack: SlackStandIn) -> int:
+    incidents = make_service(kube, slack).store.list()
+    return incidents[0].alert_count if incidents else 0
+
+
+def wait_until(predicate, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+@pytest.fixture
+def world():
+    kube = FakeKube().start()
+    slack = SlackStandIn().start()
+    watches: list[PodWatch] = []
+
+    def watch(service: OncallService) -> PodWatch:
+        api = KubeApi(kube.api_client(), retry=RetryPolicy(attempts=2, sleep=lambda s: None))
+        w = PodWatch(api, lambda c: service.handle_alert(as_alert(c)), SETTINGS).start()
+        watches.append(w)
+        return w
+
+    yield kube, slack, watch
+    for w in watches:
+        w.stop()
+    slack.stop()
+    kube.stop()
+
+
+def test_the_first_crash_is_one_message_before_any_alert_and_the_alert_folds_into_it(world):
+    kube, slack, watch = world
+    pod = running_vllm(kube, "vllm-llama3-8b")
+    service = make_service(kube, slack)
+    w = watch(service)
+    assert kube.wait_for_watchers(1)
+    started = time.monotonic()
+    crash(kube, pod)
+    assert wait_until(lambda: len(slack.posts()) == 1), "the first crash posted nothing"
+    took = time.monotonic() - started
+    assert took < 5, f"first crash -> message took {took:.1f} s"
+    time.sleep(0.3)
+    assert len(slack.posts()) == 1 and w.stats.crashes == 1
+    incidents = service.store.list()
+    assert len(incidents) == 1 and incidents[0].alert_count == 1 and incidents[0].pods == [pod]
+
+    # KubePodCrashLooping, 16-21 minutes later: the same incident and thread, no second message.
+    folded = service.handle_alert(AlertTarget(namespace=NS, pod=pod, container="vllm"))
+    assert folded is not None and folded.name == incidents[0].name and folded.alert_count == 2
+    assert len(slack.posts()) == 1
+
+
+def test_a_restart_count_moving_on_without_a_new_termination_is_not_a_crash(world):
+    kube, slack, watch = world
+    pod = running_vllm(kube, "vllm-a")
+    w = watch(make_service(kube, slack))
+    assert kube.wait_for_watchers(1)
+    crash(kube, pod)
+    assert wait_until(lambda: w.stats.crashes == 1)
+    kube.edit("Pod", pod, NS, lambda o: o["status"]["containerStatuses"][0].update(ready=True))  # same termination
+    crash(kube, pod, restarts=2, finished="2026-11-30T05:01:30Z")  # a re-sent status, same finishedAt
+    time.sleep(0.5)
+    assert w.stats.crashes == 1
+    crash(kube, pod, restarts=2, finished="2026-11-30T05:03:00Z")  # the next crash: folds, posts nothing new
+    assert wait_until(lambda: w.stats.crashes == 2)
+    assert wait_until(lambda: alert_count(kube, slack) == 2)
+    assert len(slack.posts()) == 1
+
+
+def test_a_relist_after_410_gone_misses_no_crash_and_posts_none_twice(world):
+    kube, slack, watch = world
+    first, second = running_vllm(kube, "vllm-a"), running_vllm(kube, "vllm-b")
+    w = watch(make_service(kube, slack))
+    assert kube.wait_for_watchers(1)
+    crash(kube, first)
+    assert wait_until(lambda: len(slack.posts()) == 1)
+    opened = kube.watches_opened
+    with kube.lock:  # nothing reaches the watch between these: its connection is cut, the crash
+        kube.drop_watches()  # happens while it is away, and the history it would resume from is gone
+        crash(kube, second)
+        kube.compact()
+    assert wait_until(lambda: len(slack.posts()) == 2), "the crash during the gap was missed"
+    assert kube.wait_for_watchers(1, opened_more_than=opened)
+    time.sleep(0.5)
+    assert w.stats.relists_after_gone >= 1 and w.stats.lists >= 2
+    assert len(slack.posts()) == 2 and w.stats.crashes == 2  # the first pod's crash was not re-reported
+
+
+def test_a_dropped_watch_connection_resumes_from_its_resource_version(world):
+    kube, slack, watch = world
+    first, second = running_vllm(kube, "vllm-a"), running_vllm(kube, "vllm-b")
+    w = watch(make_service(kube, slack))
+    assert kube.wait_for_watchers(1)
+    crash(kube, first)
+    assert wait_until(lambda: len(slack.posts()) == 1)
+    with kube.lock:
+        kube.drop_watches()
+        crash(kube, second)
+    assert wait_until(lambda: len(slack.posts()) == 2), "the crash during the drop was missed"
+    time.sleep(0.5)
+    assert len(slack.posts()) == 2 and w.stats.crashes == 2
+    assert w.stats.reconnects >= 1 and w.stats.relists_after_gone == 0 and w.stats.lists == 1
+
+
+def test_two_replicas_watching_post_once(world):
+    kube, slack, watch = world
+    pod = running_vllm(kube, "vllm-llama3-8b")
+    a, b = watch(make_service(kube, slack, "a")), watch(make_service(kube, slack, "b"))
+    assert kube.wait_for_watchers(2)
+    crash(kube, pod)
+    assert wait_until(lambda: a.stats.crashes == 1 and b.stats.crashes == 1)
+    assert wait_until(lambda: alert_count(kube, slack) == 2)
+    assert len(slack.posts()) == 1
+
+
+def test_crashes_that_are_not_a_vllm_containers_or_not_failures_are_ignored(world):
+    kube, slack, watch = world
+    pod = running_vllm(kube, "vllm-a")
+    kube.put(node())
+    other = kube.put(deployment("web", [{"name": "vllm", "image": "nginx:1.27"}], NS))
+    web = start_pod(kube, other, "starting")["metadata"]["name"]
+    w = watch(make_service(kube, slack))
+    assert kube.wait_for_watchers(1)
+    crash(kube, web)  # not vLLM: nginx, no vllm command
+    crash(kube, pod, exit_code=0, reason="Completed")  # a clean exit is not a crash
+    time.sleep(0.8)
+    assert w.stats.crashes == 0 and not slack.posts()
+    crash(kube, pod, exit_code=137, reason="OOMKilled", finished="2026-11-30T05:09:00Z", restarts=2)
+    assert wait_until(lambda: w.stats.crashes == 1)
+
+
+def test_memory_is_two_numbers_per_vllm_container_and_nothing_for_other_pods():
+    state = PodState(all_containers=False)
+    for i in range(1000):
+        image = "vllm/vllm-openai:v0.11.0" if i % 10 == 0 else "nginx"
+        state.observe({"metadata": {"namespace": NS, "name": f"p{i}"},
+                       "spec": {"containers": [{"name": "c", "image": image}]},
+                       "status": {"containerStatuses": [{"name": "c", "restartCount": 0}]}}, report=True)
+    assert len(state.pods) == 100
+    assert all(v == {"c": (0, None)} for v in state.pods.values())
+    assert is_vllm_container({"image": "registry.local/llm:1", "command": ["python3", "-m",
+                                                                            "vllm.entrypoints.openai.api_server"]})
+    assert not is_vllm_container({"image": "registry.local/llm:1", "args": ["serve"]})

@@ -1,0 +1,181 @@
+"""Verification to the seeds' standard, against the stand-ins: the Kubernetes API (the Deployment
+controller played by its on_write hook), a scripted vLLM pod behind its pod proxy, Slack. Only
+Ready + vLLM's KV-cache line + a real completion + a clean soak make an incident `verified`; each
+way it falls short gets its own thread reply."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kubeapi.objects import container, crashing_deployment, rollout_controller
+from kubeapi.server import FakeKube
+from kubeapi.vllmpod import ScriptedVllm
+from slackapi import SlackStandIn
+
+from bot.app.records import AlertTarget
+from bot.app.rollout import VerifySteps
+from bot.app.service import OncallService, Policy
+from bot.kube.api import KubeApi
+from bot.kube.incidents import KubeIncidentStore
+from bot.kube.live import LiveCluster
+from bot.kube.retry import RetryPolicy
+from bot.kube.verify import ServingChecks
+from bot.slack.chat import SlackChat, make_client
+
+NS = "inference"
+APPROVER = "U0A"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+CRASH_LOG = """\
+INFO 11-30 05:00:01 [core.py:76] Initializing a V1 LLM engine (v0.10.2) with config: model='m', max_seq_len=32768
+ValueError: To serve at least one request with the models's max seq len (32768), (4.0 GiB KV cache is needed, which is larger than the available KV cache memory (2.34 GiB). Based on the available memory, the estimated maximum model length is 18432. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.
+"""
+READY_LOG = """\
+INFO 11-30 05:10:01 [gpu_worker.py:298] Available KV cache memory: 10.55 GiB
+INFO 11-30 05:10:01 [kv_cache_utils.py:1087] GPU KV cache size: 86,432 tokens
+INFO 11-30 05:10:01 [kv_cache_utils.py:1091] Maximum concurrency for 18,432 tokens per request: 4.69x
+"""
+
+
+class World:
+    def __init__(self, new_pod_log: str = READY_LOG, soak: float = 0.3, request_timeout: float = 5.0):
+        self.kube, self.slack = FakeKube().start(), SlackStandIn().start()
+        self.vllm = ScriptedVllm(model=MODEL).start()
+        self.kube.default_pod_backend = self.vllm.url
+        _, self.pod = crashing_deployment(self.kube, name="vllm-llama3-8b", previous_log=CRASH_LOG, exit_code=1,
+                                          containers=[container(command=["vllm", "serve", MODEL],
+                                                                args=["--max-model-len", "32768"])])
+        self.kube.on_write = rollout_controller("ready", log=new_pod_log)
+        self.steps = VerifySteps(probe=None, request_timeout_seconds=request_timeout, soak_seconds=soak)
+        self.service = self.make_service()
+
+    def make_service(self, run_later=None) -> OncallService:
+        api = KubeApi(self.kube.api_client(), retry=RetryPolicy(attempts=2, sleep=lambda s: None))
+        probe = ServingChecks(api, poll_seconds=0.05)
+        chat = SlackChat(make_client("xoxb-verify", self.slack.url), "C0ALERTS", backoff_seconds=0.01)
+        return OncallService(LiveCluster(api, name="verify", poll_seconds=0.02), KubeIncidentStore(api, "vllm-oncall"),
+                             chat, Policy(approver_users=frozenset({APPROVER}), verify_timeout_seconds=10),
+                             metrics=chat.metrics, run_later=run_later,
+                             verify_steps=VerifySteps(probe=probe, request_timeout_seconds=self.steps.request_timeout_seconds,
+                                                      soak_seconds=self.steps.soak_seconds))
+
+    def open_and_approve(self) -> str:
+        incident = self.service.handle_alert(AlertTarget(namespace=NS, pod=self.pod["metadata"]["name"],
+                                                         container="vllm"))
+        assert incident is not None and incident.state == "proposed", incident
+        assert self.service.approve(incident.name, APPROVER) == "applied"
+        return incident.name
+
+    def replies(self) -> list[str]:
+        return [c.params.get("text", "") for c in self.slack.replies()]
+
+    def stop(self) -> None:
+        for part in (self.vllm, self.slack, self.kube):
+            part.stop()
+
+
+@pytest.fixture
+def world():
+    made: list[World] = []
+
+    def make(**kwargs) -> World:
+        made.append(World(**kwargs))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.stop()
+
+
+def state(w: World, name: str) -> str:
+    return str(w.service.store.get(name).state)
+
+
+def test_ready_kv_line_completion_and_clean_soak_is_verified_step_by_step(world):
+    w = world()
+    name = w.open_and_approve()
+    assert state(w, name) == "verified"
+    replies = w.replies()
+    assert any("1/4 New pod" in r and "is Ready" in r and "2/4 vLLM: GPU KV cache size: 86,432 tokens" in r
+               for r in replies), replies
+    completion = next(r for r in replies if "3/4" in r)
+    assert "returned 16 tokens in" in completion and MODEL in completion
+    assert any("4/4" in r and "no restart and no crash in 0.3 s" in r for r in replies)
+    method, path, body = w.vllm.requests[-1]
+    assert (method, path, body["model"], body["max_tokens"]) == ("POST", "/v1/completions", MODEL, 16)
+    assert w.service.store.get(name).verification_step is None
+
+
+def test_ready_without_a_kv_line_is_not_verified(world):
+    w = world(new_pod_log="INFO 11-30 05:10:30 [api_server.py:1] Starting vLLM API server on http://0.0.0.0:8000\n")
+    name = w.open_and_approve()
+    assert state(w, name) == "applied"
+    assert any("Ready, no KV figures" in r for r in w.replies())
+    assert not w.vllm.requests  # no request to a pod whose fit is unconfirmed
+
+
+def test_a_completion_error_fails_the_verification_with_a_re_diagnosis(world):
+    w = world()
+    w.vllm.mode = "error"
+    name = w.open_and_approve()
+    assert state(w, name) == "failed"
+    failed = next(r for r in w.replies() if "3/4" in r)
+    assert "does not serve" in failed and "HTTP 500" in failed and "illegal memory access" in failed
+    last = w.slack.replies()[-1] if "3/4" in w.replies()[-1] else next(c for c in w.slack.replies()
+                                                                       if "3/4" in c.params.get("text", ""))
+    assert "roll_back" in str(last.params.get("blocks")) or "Roll back" in str(last.params.get("blocks"))
+
+
+def test_a_completion_timeout_is_its_own_failure(world):
+    w = world(request_timeout=0.3)
+    w.vllm.mode, w.vllm.delay = "slow", 2.0
+    name = w.open_and_approve()
+    assert state(w, name) == "failed"
+    assert any("3/4" in r and "no answer to a completion request within 0.3 s" in r for r in w.replies())
+
+
+def test_a_crash_in_the_soak_is_re_diagnosed_with_a_roll_back_button(world):
+    w = world(soak=5.0)
+    done = threading.Event()
+
+    def crash_when_soaking() -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any("4/4 Soak" in r for r in w.replies()):
+            time.sleep(0.02)
+        new = next(p for p in w.kube.list("Pod", NS) if p["metadata"]["name"].endswith("-newpd"))
+        w.kube.set_log(NS, new["metadata"]["name"], "vllm", CRASH_LOG, previous=True)
+
+        def restart(obj: dict) -> None:
+            cs = obj["status"]["containerStatuses"][0]
+            cs["restartCount"] = 1
+            cs["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2026-11-30T05:20:00Z"}}
+
+        w.kube.edit("Pod", new["metadata"]["name"], NS, restart)
+        done.set()
+
+    threading.Thread(target=crash_when_soaking, daemon=True).start()
+    name = w.open_and_approve()
+    assert done.is_set()
+    assert state(w, name) == "failed"
+    soak = next(c for c in w.slack.replies() if "4/4" in c.params.get("text", "") and "crashed" in c.params["text"])
+    assert "crashed during the soak" in soak.params["text"]
+    assert "Roll back" in str(soak.params.get("blocks"))
+
+
+def test_a_restart_mid_verification_resumes_the_step_it_was_in(world):
+    w = world()
+    queued: list = []
+    first = w.make_service(run_later=queued.append)  # the verification is queued, then the bot dies
+    incident = first.handle_alert(AlertTarget(namespace=NS, pod=w.pod["metadata"]["name"], container="vllm"))
+    assert first.approve(incident.name, APPROVER) == "applied" and len(queued) == 1
+    stored = first.store.get(incident.name)
+    first.store.update(stored.model_copy(update={"verification_step": "soak"}))  # where it was when it died
+
+    restarted = w.make_service()
+    restarted.sweep()
+    assert any("The bot restarted during verification (step: soak); resuming it." in r for r in w.replies())
+    assert state(w, incident.name) == "verified"
+    assert not w.vllm.requests  # it was past the request: only the soak ran again
+    restarted.sweep()
+    assert sum("resuming it" in r for r in w.replies()) == 1
