@@ -79,7 +79,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         return DiagnosisResult(
             cause=book.id,
             title=book.title,
-            explanation=_explain(book, signals, changes, arithmetic, note, cautions),
+            explanation=_explain(book, signals, changes, arithmetic, note, cautions, software=bool(problem)),
             evidence=_evidence_lines(book, signals, matched_lines, facts),
             changes=changes,
             confidence=("medium" if cautions and book.confidence == "high" else book.confidence) if changes else "low",
@@ -92,8 +92,10 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
 
 
 def _explain(book: Playbook, signals: Signals, changes: list[Change], arithmetic: list[str], note: str | None,
-             cautions: list[str]) -> str:
-    explanation = _fill(book.explanation, signals)
+             cautions: list[str], software: bool = False) -> str:
+    # A software problem replaces the playbook's memory story, which its numbers contradict.
+    explanation = (f"It looks like this cause ({book.title[0].lower()}{book.title[1:]}), but the numbers say otherwise." if software
+                   else _fill(book.explanation, signals))
     if arithmetic:
         explanation += "\n" + "\n".join(arithmetic)
     if note:
