@@ -260,9 +260,16 @@ def _evidence_lines(book: Playbook, signals: Signals, matched: list[str], facts:
     return _quoted(lines)
 
 
+# vLLM 0.13+'s "Failed to load model" advice: utilization caps vLLM's budget, it frees nothing for weights.
+_WRONG_ADVICE = re.compile(r"Try lowering --gpu-memory-utilization to free memory for weights, increasing")
+_ADVICE_DROPPED = "[vLLM's advice to lower --gpu-memory-utilization left out: it frees nothing for weights] Try increasing"
+
+
 def _quoted(lines: list[str]) -> list[str]:
-    """Log lines as they may leave the bot: secrets redacted, bounded in number and length."""
-    return [redact(line)[:MAX_EVIDENCE_CHARS] for line in lines[:MAX_EVIDENCE_LINES]]
+    """Log lines as they may leave the bot: secrets redacted, bounded in number and length, never
+    repeating vLLM's wrong utilization advice."""
+    quoted = [redact(_WRONG_ADVICE.sub(_ADVICE_DROPPED, line))[:MAX_EVIDENCE_CHARS] for line in lines]
+    return list(dict.fromkeys(quoted))[:MAX_EVIDENCE_LINES]
 
 
 def _unknown(facts: LogFacts, signals: Signals, base: dict[str, Any]) -> DiagnosisResult:
