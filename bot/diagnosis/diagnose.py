@@ -44,6 +44,8 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
     signals = compute(facts, pod, node, parsed)
     memory = levers.build(facts, signals, parsed, evidence.pod, evidence.node, container.name if container else None,
                           _bundle_config(evidence))
+    if memory.grant.mig_profile and memory.grant.memory_gib and memory.grant.memory_source != "log":
+        signals.set("gpu_total_gib", memory.grant.memory_gib)  # the slice the pod got, not the node's card
     ctx = Context(signals=signals, facts=facts, cmd=parsed, pod=pod, node=node, raw_pod=evidence.pod, memory=memory)
 
     base = dict(

@@ -242,7 +242,7 @@ def advice_for_weights(model: MemoryModel, node_gpus: int | None) -> str:
         total = weights[0]
         card = model.budget.capacity.value if model.budget.capacity is not None else None
         parts.append(f"the weights are about {total:.1f} GiB in all ({weights[1]})")
-        if card:
+        if card and not grant.mig_profile:  # TP cannot span MIG slices: more slices never help
             need = 1
             while need < 64 and total / need > 0.8 * card:
                 need *= 2
