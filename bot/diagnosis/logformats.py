@@ -87,6 +87,7 @@ CONFIG_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "kv_cache_dtype": ("kv_cache_dtype", str), "gpu_memory_utilization": ("gpu_memory_utilization", float),
     "max_num_seqs": ("max_num_seqs", int), "max_num_batched_tokens": ("max_num_batched_tokens", int),
     "block_size": ("block_size", int), "data_parallel_size": ("data_parallel_size", int),
+    "kv_cache_memory_bytes": ("kv_cache_memory_bytes", int),  # 0.10.2+: non-default args print the bytes
 }
 CONFIG_FACTS = tuple(dict.fromkeys("config_" + name for name, _ in CONFIG_KEYS.values()))
 
@@ -148,6 +149,7 @@ FACTS: dict[str, str] = {
     "traceback_seen": "a Python traceback",
     "weights_progress_pct": "the last checkpoint-shard progress percentage",
     "engine_ready": "the server finished start-up",
+    "kv_pool_pinned": "--kv-cache-memory-bytes fixed the KV pool (profiling skipped, utilization not used for KV)",
     "alloc_conf_hint_name": "the allocator variable PyTorch's hint names (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF)",
     **{name: f"--{name[len('config_'):].replace('_', '-')} from the engine config line" for name in CONFIG_FACTS},
 }
@@ -456,8 +458,9 @@ FORMATS: tuple[LogFormat, ...] = (
     LogFormat(
         "kv_memory_bytes", r"reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes",
         literals=("kv_cache_memory_bytes",),
-        puts=(number(0, "available_kv_gib", keep="min"),),
-        versions="0.10.2-0.33.0 (--kv-cache-memory-bytes)", source="vllm/v1/worker/gpu_worker.py"),
+        puts=(number(0, "available_kv_gib", keep="min"), flag("kv_pool_pinned")),
+        versions="0.10.2-0.33.0 (--kv-cache-memory-bytes; 'This does does not respect' typo to 0.19.1, fixed by 0.33.0)",
+        source="vllm/v1/worker/gpu_worker.py determine_available_memory (0.10.2:240-251, 0.33.0:664-676)"),
     LogFormat(
         "v0_maxlen",
         r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)",

@@ -1,0 +1,102 @@
+"""The memory model's guards (issue 12): a pinned KV pool, MIG slices, and the physical sanity check."""
+
+from __future__ import annotations
+
+import pytest
+from builders import make_node, make_pod
+from test_formulas import context, run
+
+from bot.diagnosis import levers
+from bot.diagnosis.budget import BudgetInputs, Config, LogFigures, build_budget
+from bot.diagnosis.catalogue import resolve_model
+from bot.diagnosis.gpus import gpu_grant
+from bot.diagnosis.signals import Signals
+
+
+@pytest.mark.parametrize(("raw", "value"), [("4G", 4 * 2**30), ("4g", 4 * 10**9), ("512M", 512 * 2**20),
+                                            ("1.5g", 1_500_000_000), ("4294967296", 4294967296), (8000, 8000)])
+def test_human_bytes_reads_vllms_suffixes(raw, value):
+    assert levers.human_bytes(raw) == value
+
+
+@pytest.mark.parametrize("raw", ["1.5G", "lots", "", None, "4 GiB"])
+def test_human_bytes_refuses_what_vllm_refuses(raw):
+    assert levers.human_bytes(raw) is None
+
+
+def test_utilization_is_never_proposed_for_a_pinned_kv_pool():
+    facts = {"gpu_total_gib": 23.57, "gpu_memory_utilization": 0.9, "oom_tried_gib": 0.5}
+    assert run("utilization_raise_for_kv", context(facts)) is not None  # the same numbers without a pin
+    assert run("utilization_lower_for_headroom", context(facts)) is not None
+    pinned = {**facts, "kv_pool_pinned": True}  # vLLM's 'reserved ... as specified by kv_cache_memory_bytes' line
+    assert run("utilization_raise_for_kv", context(pinned)) is None
+    assert run("utilization_lower_for_headroom", context(pinned)) is None
+
+
+def _model(pod, node, model="meta-llama/Llama-3.1-8B-Instruct", **ran):
+    grant = gpu_grant(pod, node, "vllm")
+    config = Config(**ran)
+    spec = resolve_model(model, None)
+    budget = build_budget(BudgetInputs(log=LogFigures(), ran=config, model=spec, gpus=grant))
+    return levers.MemoryModel(grant=grant, spec=spec, ran=config, budget=budget)
+
+
+def _mig_node(count=7):
+    node = make_node(product="NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", memory_mib=9728, count=count)
+    node["metadata"]["labels"]["nvidia.com/mig.strategy"] = "single"
+    return node
+
+
+def test_tensor_parallel_search_never_spans_mig_slices():
+    model = _model(make_pod(command=["vllm", "serve", "m"]), _mig_node(), tensor_parallel_size=1, gpu_count=1,
+                   max_model_len=8192)
+    assert model.grant.mig_profile == "1g.10gb"
+    assert not model.grant.can_tensor_parallel  # CUDA and NCCL cannot run one model across slices
+    advice = levers.advice_for_weights(model, node_gpus=7)
+    assert "TP cannot span MIG slices" in advice
+    assert "limits.nvidia.com/gpu: 2" not in advice  # more slices never hold a bigger model
+
+
+def test_whole_gpus_do_get_the_tensor_parallel_advice():
+    node = make_node(product="NVIDIA-L4", memory_mib=23034, count=1)
+    model = _model(make_pod(command=["vllm", "serve", "m"]), node, model="Qwen/Qwen2.5-32B-Instruct",
+                   tensor_parallel_size=1, gpu_count=1, max_model_len=8192)
+    assert "limits.nvidia.com/gpu: 4" in levers.advice_for_weights(model, node_gpus=1)
+
+
+def _l40s_model():
+    node = make_node(product="NVIDIA-L40S", memory_mib=46068, count=1)
+    return _model(make_pod(command=["vllm", "serve", "m"]), node, tensor_parallel_size=1, gpu_count=1,
+                  max_model_len=8192)
+
+
+def test_software_problem_one_allocation_larger_than_the_card():
+    s = Signals(values={"oom_any": True, "oom_tried_gib": 96.0, "oom_free_gib": 20.9, "gpu_total_gib": 44.39,
+                        "stage": "profiling"})
+    text = levers.software_problem(_l40s_model(), s)
+    assert text is not None and "96.00 GiB is larger than the whole" in text and levers.SOFTWARE in text
+
+
+def test_software_problem_oom_on_the_first_shards_of_a_model_that_fits():
+    s = Signals(values={"oom_any": True, "oom_tried_gib": 1.96, "oom_free_gib": 1.2, "oom_allocated_gib": 3.9,
+                        "gpu_total_gib": 44.39, "stage": "weights"})
+    text = levers.software_problem(_l40s_model(), s)
+    assert text is not None and "first shards" in text and "3.90 GiB held" in text
+    # the same OOM with most of the weights held is an ordinary weights OOM
+    held = Signals(values={**s.values, "oom_allocated_gib": 14.0})
+    assert levers.software_problem(_l40s_model(), held) is None
+
+
+def test_software_problem_whole_card_request_with_nothing_loaded():
+    s = Signals(values={"oom_any": True, "oom_tried_gib": 44.39, "oom_free_gib": 0.0, "oom_allocated_gib": 0.0,
+                        "gpu_total_gib": 44.39, "stage": "startup"})
+    text = levers.software_problem(_l40s_model(), s)
+    assert text is not None and "0 bytes free before any weights" in text
+    loaded = Signals(values={**s.values, "weights_gib": 14.99})
+    assert levers.software_problem(_l40s_model(), loaded) is None
+
+
+def test_an_ordinary_oom_is_not_a_software_problem():
+    s = Signals(values={"oom_any": True, "oom_tried_gib": 0.25, "oom_free_gib": 0.17, "oom_allocated_gib": 43.6,
+                        "gpu_total_gib": 44.39, "stage": "kv_allocation"})
+    assert levers.software_problem(_l40s_model(), s) is None
