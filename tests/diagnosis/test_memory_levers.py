@@ -10,6 +10,8 @@ from bot.diagnosis import levers
 from bot.diagnosis.budget import BudgetInputs, Config, LogFigures, build_budget
 from bot.diagnosis.catalogue import resolve_model
 from bot.diagnosis.gpus import gpu_grant
+from bot.diagnosis.logfacts import extract
+from bot.diagnosis.models import LogText
 from bot.diagnosis.signals import Signals
 
 
@@ -100,3 +102,42 @@ def test_an_ordinary_oom_is_not_a_software_problem():
     s = Signals(values={"oom_any": True, "oom_tried_gib": 0.25, "oom_free_gib": 0.17, "oom_allocated_gib": 43.6,
                         "gpu_total_gib": 44.39, "stage": "kv_allocation"})
     assert levers.software_problem(_l40s_model(), s) is None
+
+
+# ---- the newer messages (issue 12), as vLLM prints them ------------------------------------------
+
+MRV2_FRAME = ('(EngineCore pid=79)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu/model_runner.py", '
+              'line 455, in _dummy_sampler_run')
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    (MRV2_FRAME, {"model_runner_v2": True}),
+    ("(EngineCore pid=79) WARNING 11-28 09:31:02 [config/vllm.py:752] Model Runner V2 does not yet support "
+     "speculative decoding; using the V1 model runner instead.", {"model_runner_v1_fallback": True}),
+    ("(EngineCore_DP0 pid=112) ERROR 11-30 08:15:40 [model_executor/layers/linear.py:227] Failed to create "
+     "unquantized linear weights: CUDA out of memory. Tried to allocate 448.00 MiB.", {"weights_create_failed": True}),
+    ("(EngineCore pid=79) INFO 11-30 10:02:11 [v1/worker/gpu_worker.py:104] Sleep mode freed 71.25 GiB memory, "
+     "1.38 GiB memory is still in use.", {"sleep_freed_gib": 71.25, "sleep_held_gib": 1.38}),
+    ("(EngineCore pid=79) INFO 11-30 10:12:05 [v1/worker/gpu_worker.py:318] Initial free memory 43.91 GiB, reserved "
+     "4.00GiB memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.",
+     {"kv_pool_pinned": True, "available_kv_gib": 4.0}),
+    ("(APIServer pid=1) INFO 11-30 10:12:01 [entrypoints/utils.py:301] non-default args: {'model': 'm', "
+     "'kv_cache_memory_bytes': 4294967296}", {"config_kv_cache_memory_bytes": 4294967296}),
+    ("(EngineCore pid=79) INFO 11-30 10:41:07 [v1/core/kv_cache_utils.py:1443] Auto-fit max_model_len: reduced from "
+     "131072 to 38656 to fit in available KV cache memory (4.73 GiB)", {"autofit_len": 38656}),
+    ("(Worker_TP1 pid=61) INFO 11-30 07:02:11 [v1/worker/gpu_worker.py:276] Available KV cache memory: -1.21 GiB",
+     {"available_kv_gib": -1.21}),
+    ("(EngineCore pid=79) ValueError: Free memory on device cuda:0 (8.84/79.25 GiB) on startup is less than desired GPU "
+     "memory utilization (0.9, 71.33 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+     {"free_at_start_gib": 8.84, "total_gpu_gib": 79.25, "requested_gib": 71.33}),
+])
+def test_newer_vllm_messages(line, expected):
+    facts = extract(LogText(text=line + "\n"))
+    assert {name: facts.get(name) for name in expected} == expected
+
+
+def test_a_model_runner_v2_sampler_oom_is_the_warm_up_without_vllms_wrapper():
+    facts = extract(LogText(text=MRV2_FRAME + "\n(EngineCore pid=79) torch.OutOfMemoryError: CUDA out of memory. "
+                                              "Tried to allocate 594.00 MiB.\n"))
+    assert facts.get("model_runner_v2") and "warmup" in facts.frame_stages
+    assert facts.get("sampler_oom_requests") is None  # V2 has no 'warming up sampler with N dummy requests'
