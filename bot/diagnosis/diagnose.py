@@ -44,8 +44,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
     signals = compute(facts, pod, node, parsed)
     memory = levers.build(facts, signals, parsed, evidence.pod, evidence.node, container.name if container else None,
                           _bundle_config(evidence))
-    if memory.grant.mig_profile and memory.grant.memory_gib and memory.grant.memory_source != "log":
-        signals.set("gpu_total_gib", memory.grant.memory_gib)  # the slice the pod got, not the node's card
+    _slice_capacity(memory, signals)
     ctx = Context(signals=signals, facts=facts, cmd=parsed, pod=pod, node=node, raw_pod=evidence.pod, memory=memory)
 
     base = dict(
@@ -91,6 +90,12 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         )
 
     return _unknown(facts, signals, base)
+
+
+def _slice_capacity(memory: levers.MemoryModel, signals: Signals) -> None:
+    """A MIG slice's size (from the pod's limit and the node's labels) when the log did not print the total."""
+    if memory.grant.mig_profile and memory.grant.memory_gib and memory.grant.memory_source != "log":
+        signals.set("gpu_total_gib", memory.grant.memory_gib)  # the slice the pod got, not the node's card
 
 
 def _explain(book: Playbook, signals: Signals, changes: list[Change], arithmetic: list[str], note: str | None,
