@@ -196,6 +196,9 @@ def max_model_len_that_fits(ctx: Context) -> Computed | None:
     text = f"{how}; rounded down to {new:,}"
     if current:
         text += f" (was {current:,})"
+    if levers.kv_pool_pinned(ctx.memory, s):
+        text += (". --kv-cache-memory-bytes fixes the KV pool, so --gpu-memory-utilization does not size it; a larger "
+                 "--kv-cache-memory-bytes is the other way")
     return Computed(after=str(new), before=raw if raw is not None else (str(current) if current else None),
                     arithmetic=text + ".")
 
