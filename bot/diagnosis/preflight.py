@@ -172,7 +172,7 @@ def _search(model: levers.MemoryModel, fit: Fit, result: PlanResult) -> None:
         found = _shorter_context(model)
     if found is not None:
         result.change, result.change_margin_gib = found.lever, found.fit.margin_gib
-    elif stage == "weights":
+    elif stage == "weights" or any(c.fit.first_failure == "weights" for c in model.considered):
         result.advice = levers.advice_for_weights(model, node_gpus)
     result.considered = [f"{c.lever}: {c.why_not}" for c in model.considered if not c.chosen]
 

@@ -21,7 +21,7 @@ from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.evidence import load_bundle
 
 PREDICTABLE = [
-    "kv-pinned-pool-0.19", "kv-v0-0.6-api-server", "kv-v1-0.10-estimate", "mig-mixed-3g40gb-kv",
+    "kv-pinned-pool-0.19", "kv-v0-0.6-api-server", "tp-70b-tp4-node1", "kv-v1-0.10-estimate", "mig-mixed-3g40gb-kv",
     "mig-single-1g10gb-8b", "mrv2-weights-0.33-l40s-24b", "nokv-v1-0.11-tp2", "tp-70b-limit1-node8",
     "tp-ray-placement-group", "tp-v1-0.13-world-size", "tp2-limit1-no-shm", "weights-70b-tp1-node8-shm",
     "weights-fp8-l40s-32b-1gpu", "weights-newest-wrapper", "weights-v0-0.4-fp32-torch21",
