@@ -141,3 +141,20 @@ def test_a_model_runner_v2_sampler_oom_is_the_warm_up_without_vllms_wrapper():
                                               "Tried to allocate 594.00 MiB.\n"))
     assert facts.get("model_runner_v2") and "warmup" in facts.frame_stages
     assert facts.get("sampler_oom_requests") is None  # V2 has no 'warming up sampler with N dummy requests'
+
+
+def test_tp_search_finds_nothing_across_mig_slices_or_time_sliced_replicas():
+    mig = _model(make_pod(command=["vllm", "serve", "m"], gpus="2"), _mig_node(), tensor_parallel_size=1, gpu_count=1,
+                 max_model_len=8192)
+    found, tried = levers.tp_search(mig, node_gpus=7, start=2)
+    assert found is None and tried  # TP 2 and 4 were tried on the budget, and every one fails at NCCL
+    assert all(c.fit.first_failure == "nccl_init" for c in mig.considered)
+    shared = make_node(product="NVIDIA-A100-SXM4-80GB-SHARED", memory_mib=81920, count=4)
+    shared["metadata"]["labels"].update({"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"})
+    sliced = _model(make_pod(command=["vllm", "serve", "m"]), shared, model="meta-llama/Llama-3.3-70B-Instruct",
+                    tensor_parallel_size=1, gpu_count=1, max_model_len=8192)
+    assert levers.tp_search(sliced, node_gpus=4, start=2)[0] is None
+    whole = make_node(product="NVIDIA-A100-SXM4-80GB", memory_mib=81920, count=4)
+    cards = _model(make_pod(command=["vllm", "serve", "m"]), whole, model="meta-llama/Llama-3.3-70B-Instruct",
+                   tensor_parallel_size=1, gpu_count=1, max_model_len=8192)
+    assert levers.tp_search(cards, node_gpus=4, start=2)[0] is not None  # whole GPUs: TP works
