@@ -158,3 +158,22 @@ def test_tp_search_finds_nothing_across_mig_slices_or_time_sliced_replicas():
     cards = _model(make_pod(command=["vllm", "serve", "m"]), whole, model="meta-llama/Llama-3.3-70B-Instruct",
                    tensor_parallel_size=1, gpu_count=1, max_model_len=8192)
     assert levers.tp_search(cards, node_gpus=4, start=2)[0] is not None  # whole GPUs: TP works
+
+
+def test_an_oom_after_the_server_was_ready_is_run_time_not_warm_up(tmp_path):
+    from builders import FIXTURE_BUNDLES, write_bundle
+
+    from bot.diagnosis.diagnose import diagnose
+    from bot.diagnosis.evidence import load_bundle
+
+    source = FIXTURE_BUNDLES / "frag-runtime-after-ready-graphs"
+    served = diagnose(load_bundle(source))
+    assert (served.stage, served.cause) == ("ready", "allocator-fragmentation")
+    # the same OOM without any sign that start-up finished: graphs were captured, so it reads as the warm-up
+    log = "\n".join(line for line in (source / "previous.log").read_text().splitlines()
+                    if not any(k in line for k in ("init engine", "Starting vLLM API server", "Application startup",
+                                                   "Started server process", "Avg prompt throughput")))
+    bundle = write_bundle(tmp_path / "b", log + "\n")
+    for name in ("pod.yaml", "node.yaml"):
+        (bundle / name).write_text((source / name).read_text())
+    assert diagnose(load_bundle(bundle)).stage == "warmup"
