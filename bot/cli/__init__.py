@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bot.cli import books as cli_books
 from bot.cli import kube as cli_kube
+from bot.cli import plan as cli_plan
 from bot.cli import serve as cli_serve
 from bot.diagnosis.models import BundleError
 from bot.diagnosis.playbooks import PlaybookError
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_books.add_option(p)
     p.set_defaults(func=cmd_playbooks)
 
+    cli_plan.register(sub)
     cli_kube.register(sub)
     cli_serve.register(sub)
     return parser

@@ -44,6 +44,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
     signals = compute(facts, pod, node, parsed)
     memory = levers.build(facts, signals, parsed, evidence.pod, evidence.node, container.name if container else None,
                           _bundle_config(evidence))
+    _slice_capacity(memory, signals)
     ctx = Context(signals=signals, facts=facts, cmd=parsed, pod=pod, node=node, raw_pod=evidence.pod, memory=memory)
 
     base = dict(
@@ -79,7 +80,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         return DiagnosisResult(
             cause=book.id,
             title=book.title,
-            explanation=_explain(book, signals, changes, arithmetic, note, cautions),
+            explanation=_explain(book, signals, changes, arithmetic, note, cautions, software=bool(problem)),
             evidence=_evidence_lines(book, signals, matched_lines, facts),
             changes=changes,
             confidence=("medium" if cautions and book.confidence == "high" else book.confidence) if changes else "low",
@@ -91,9 +92,17 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
     return _unknown(facts, signals, base)
 
 
+def _slice_capacity(memory: levers.MemoryModel, signals: Signals) -> None:
+    """A MIG slice's size (from the pod's limit and the node's labels) when the log did not print the total."""
+    if memory.grant.mig_profile and memory.grant.memory_gib and memory.grant.memory_source != "log":
+        signals.set("gpu_total_gib", memory.grant.memory_gib)  # the slice the pod got, not the node's card
+
+
 def _explain(book: Playbook, signals: Signals, changes: list[Change], arithmetic: list[str], note: str | None,
-             cautions: list[str]) -> str:
-    explanation = _fill(book.explanation, signals)
+             cautions: list[str], software: bool = False) -> str:
+    # A software problem replaces the playbook's memory story, which its numbers contradict.
+    explanation = (f"It looks like this cause ({book.title[0].lower()}{book.title[1:]}), but the numbers say otherwise." if software
+                   else _fill(book.explanation, signals))
     if arithmetic:
         explanation += "\n" + "\n".join(arithmetic)
     if note:
@@ -258,9 +267,16 @@ def _evidence_lines(book: Playbook, signals: Signals, matched: list[str], facts:
     return _quoted(lines)
 
 
+# vLLM 0.13+'s "Failed to load model" advice: utilization caps vLLM's budget, it frees nothing for weights.
+_WRONG_ADVICE = re.compile(r"Try lowering --gpu-memory-utilization to free memory for weights, increasing")
+_ADVICE_DROPPED = "[vLLM's advice to lower --gpu-memory-utilization left out: it frees nothing for weights] Try increasing"
+
+
 def _quoted(lines: list[str]) -> list[str]:
-    """Log lines as they may leave the bot: secrets redacted, bounded in number and length."""
-    return [redact(line)[:MAX_EVIDENCE_CHARS] for line in lines[:MAX_EVIDENCE_LINES]]
+    """Log lines as they may leave the bot: secrets redacted, bounded in number and length, never
+    repeating vLLM's wrong utilization advice."""
+    quoted = [redact(_WRONG_ADVICE.sub(_ADVICE_DROPPED, line))[:MAX_EVIDENCE_CHARS] for line in lines]
+    return list(dict.fromkeys(quoted))[:MAX_EVIDENCE_LINES]
 
 
 def _unknown(facts: LogFacts, signals: Signals, base: dict[str, Any]) -> DiagnosisResult:

@@ -196,6 +196,9 @@ def max_model_len_that_fits(ctx: Context) -> Computed | None:
     text = f"{how}; rounded down to {new:,}"
     if current:
         text += f" (was {current:,})"
+    if levers.kv_pool_pinned(ctx.memory, s):
+        text += (". --kv-cache-memory-bytes fixes the KV pool, so --gpu-memory-utilization does not size it; a larger "
+                 "--kv-cache-memory-bytes is the other way")
     return Computed(after=str(new), before=raw if raw is not None else (str(current) if current else None),
                     arithmetic=text + ".")
 
@@ -266,6 +269,8 @@ def _shared_advice(model: MemoryModel) -> str:
 def utilization_raise_for_kv(ctx: Context, *, cap: float = 0.95) -> Computed | None:
     """Give the KV cache room: from the profiling breakdown when the log has it, else one step (never above `cap`)."""
     s = ctx.signals
+    if levers.kv_pool_pinned(ctx.memory, s):
+        return None  # --kv-cache-memory-bytes sizes the pool; utilization does not
     util, raw = current_utilization(ctx)
     total = s.get("total_gpu_gib") or s.get("gpu_total_gib")
     weights, act, non_torch = s.get("weights_gib"), s.get("activation_gib"), s.get("non_torch_gib")
@@ -301,6 +306,8 @@ def utilization_raise_for_kv(ctx: Context, *, cap: float = 0.95) -> Computed | N
 def utilization_lower_for_headroom(ctx: Context) -> Computed | None:
     """Leave memory outside vLLM's budget for what it does not count (graphs, sampler)."""
     s = ctx.signals
+    if levers.kv_pool_pinned(ctx.memory, s):
+        return None  # a pinned KV pool does not shrink with utilization: lowering it frees nothing
     util, raw = current_utilization(ctx)
     total = s.get("gpu_total_gib")
     if not total or s.get("free_at_start_gib") is not None:

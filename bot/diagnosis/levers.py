@@ -11,6 +11,7 @@ proposal: an OOM whose numbers no memory setting can explain.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,25 @@ def _int(value: Any) -> int | None:
     return int(number) if number is not None else None
 
 
+_HUMAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)\s*$")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_bytes(value: Any) -> int | None:
+    """vLLM's human-readable ints (0.8.4+): k/m/g are powers of 10, K/M/G powers of 2 ('4G' = 4 x 2**30)."""
+    m = _HUMAN.match(str(value)) if value is not None else None
+    if m is None:
+        return None
+    if m.group(2).isupper() and "." in m.group(1):
+        return None  # vLLM accepts only integers with the binary suffixes
+    return int(float(m.group(1)) * _SCALE[m.group(2)])
+
+
+def kv_pool_pinned(model: MemoryModel | None, s: Signals) -> bool:
+    """--kv-cache-memory-bytes sizes the KV cache: --gpu-memory-utilization then changes nothing in it."""
+    return bool(s.get("kv_pool_pinned") or (model is not None and model.ran.kv_cache_memory_bytes))
+
+
 def ran_config(s: Signals, cmd: ParsedCommand) -> Config:
     """The configuration that ran: the manifest's flags, else the log's engine config, else defaults."""
     def pick(flag: str, key: str) -> Any:
@@ -111,7 +131,7 @@ def ran_config(s: Signals, cmd: ParsedCommand) -> Config:
         "quantization": pick("--quantization", "config_quantization"),
         "dtype": pick("--dtype", "config_dtype"),
         "cpu_offload_gb": _float(cmd.get("--cpu-offload-gb")) or 0.0,
-        "kv_cache_memory_bytes": _int(cmd.get("--kv-cache-memory-bytes")),
+        "kv_cache_memory_bytes": human_bytes(pick("--kv-cache-memory-bytes", "config_kv_cache_memory_bytes")),
         "enforce_eager": eager,
     }
     if update["quantization"] in {None, "None", "none"}:
@@ -242,7 +262,7 @@ def advice_for_weights(model: MemoryModel, node_gpus: int | None) -> str:
         total = weights[0]
         card = model.budget.capacity.value if model.budget.capacity is not None else None
         parts.append(f"the weights are about {total:.1f} GiB in all ({weights[1]})")
-        if card:
+        if card and not grant.mig_profile:  # TP cannot span MIG slices: more slices never help
             need = 1
             while need < 64 and total / need > 0.8 * card:
                 need *= 2

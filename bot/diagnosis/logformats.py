@@ -87,6 +87,7 @@ CONFIG_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "kv_cache_dtype": ("kv_cache_dtype", str), "gpu_memory_utilization": ("gpu_memory_utilization", float),
     "max_num_seqs": ("max_num_seqs", int), "max_num_batched_tokens": ("max_num_batched_tokens", int),
     "block_size": ("block_size", int), "data_parallel_size": ("data_parallel_size", int),
+    "kv_cache_memory_bytes": ("kv_cache_memory_bytes", int),  # 0.10.2+: non-default args print the bytes
 }
 CONFIG_FACTS = tuple(dict.fromkeys("config_" + name for name, _ in CONFIG_KEYS.values()))
 
@@ -148,6 +149,12 @@ FACTS: dict[str, str] = {
     "traceback_seen": "a Python traceback",
     "weights_progress_pct": "the last checkpoint-shard progress percentage",
     "engine_ready": "the server finished start-up",
+    "model_runner_v2": "a frame or line from Model Runner V2 (vllm/v1/worker/gpu/model_runner.py)",
+    "model_runner_v1_fallback": "vLLM fell back from Model Runner V2 to the V1 runner",
+    "weights_create_failed": "vLLM's 'Failed to create unquantized linear weights' (an OOM creating a layer's weights)",
+    "sleep_freed_gib": "memory a sleep-mode instance freed when it fell asleep",
+    "sleep_held_gib": "memory a sleeping instance still holds (it counts against a co-located pod's free memory)",
+    "kv_pool_pinned": "--kv-cache-memory-bytes fixed the KV pool (profiling skipped, utilization not used for KV)",
     "alloc_conf_hint_name": "the allocator variable PyTorch's hint names (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF)",
     **{name: f"--{name[len('config_'):].replace('_', '-')} from the engine config line" for name in CONFIG_FACTS},
 }
@@ -456,8 +463,9 @@ FORMATS: tuple[LogFormat, ...] = (
     LogFormat(
         "kv_memory_bytes", r"reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes",
         literals=("kv_cache_memory_bytes",),
-        puts=(number(0, "available_kv_gib", keep="min"),),
-        versions="0.10.2-0.33.0 (--kv-cache-memory-bytes)", source="vllm/v1/worker/gpu_worker.py"),
+        puts=(number(0, "available_kv_gib", keep="min"), flag("kv_pool_pinned")),
+        versions="0.10.2-0.33.0 (--kv-cache-memory-bytes; 'This does does not respect' typo to 0.19.1, fixed by 0.33.0)",
+        source="vllm/v1/worker/gpu_worker.py determine_available_memory (0.10.2:240-251, 0.33.0:664-676)"),
     LogFormat(
         "v0_maxlen",
         r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)",
@@ -493,6 +501,36 @@ FORMATS: tuple[LogFormat, ...] = (
         literals=("Auto-fit max_model_len",),
         puts=(number(1, "autofit_len", int),),
         versions="0.14.1-0.33.0 (--max-model-len auto)", source=_V1_KV),
+    LogFormat(
+        "model_runner_v2", r"vllm/v1/worker/gpu/model_runner\.py",
+        literals=("worker/gpu/model_runner.py",),
+        puts=(flag("model_runner_v2"),),
+        versions="0.12.0-0.33.0 (opt-in VLLM_USE_V2_MODEL_RUNNER to 0.22; automatic for Llama/Mistral/Qwen3 from 0.23.0, "
+                 "all supported models by 0.33.0); it has no 'Failed to load model' nor 'warming up sampler' wrapper, "
+                 "its OOMs are raw torch.OutOfMemoryError with frames load_model / _dummy_sampler_run / capture_model",
+        source="vllm/v1/worker/gpu/model_runner.py (vllm@v0.12.0:173; vllm@v0.23.0 vllm/config/vllm.py:69-75; "
+               "vllm@v0.33.0 vllm/config/vllm.py:730-767)"),
+    LogFormat(
+        "model_runner_v1_fallback", r"Model Runner V2 (?:does not yet support .*|requires Triton); using the V1 model runner",
+        literals=("Model Runner V2",),
+        puts=(flag("model_runner_v1_fallback"),),
+        versions="0.23.0-0.33.0 (read in 0.23.0 and 0.33.0; 0.14-0.22 not read)",
+        source="vllm/config/vllm.py (vllm@v0.33.0:730-767)"),
+    LogFormat(
+        "unquantized_weights_failed", r"Failed to create unquantized linear weights",
+        literals=("Failed to create unquantized linear weights",),
+        puts=(flag("weights_create_failed"),),
+        marks="weights",
+        versions="seen in 0.11.0 logs (logger.error with the OOM, then RuntimeError '... This may be caused by insufficient "
+                 "memory to allocate the weight.'); first release unknown",
+        source="vllm/model_executor/layers/linear.py UnquantizedLinearMethod.create_weights"),
+    LogFormat(
+        "sleep_freed", r"Sleep mode freed ([\d.]+) GiB memory, ([\d.]+) GiB memory is still in use",
+        literals=("Sleep mode freed",),
+        puts=(number(0, "sleep_freed_gib"), number(1, "sleep_held_gib", keep="last")),
+        versions="0.7.x-0.33.0 (--enable-sleep-mode; seen as v1/worker/gpu_worker.py:104 in a 2025-08 log; "
+                 "'%s GiB' via format_gib in 0.33.0)",
+        source="vllm/v1/worker/gpu_worker.py sleep() (V1), vllm/worker/worker.py sleep() (V0)"),
     LogFormat(
         "free_check",
         r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization "

@@ -91,7 +91,7 @@ def render_text(d: DiagnosisResult) -> str:
     out.append("")
     out.append(f"Cause: {d.cause or 'no known cause'} - {d.title}")
     if d.stage:
-        out.append(f"Died during: {d.stage.replace('_', ' ')}")
+        out.append("Died during: " + ("serving, after start-up finished" if d.stage == "ready" else d.stage.replace("_", " ")))
     out.append("")
     out.append(d.explanation)
     if d.evidence:

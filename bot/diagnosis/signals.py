@@ -147,6 +147,10 @@ def _stage_and_engine(s: Signals, facts: LogFacts) -> None:
     if frame_stage and marker_stage and FRAME_ORDER[marker_stage] > FRAME_ORDER[frame_stage] \
             and marker_stage == "graph_capture" and not facts.get("graph_capture_finished"):
         stage = marker_stage  # capture started and never finished: frames were cut off
+    oom = facts.facts.get("oom_tried_gib")
+    if oom is not None and "ready" in facts.markers and oom.line_no > facts.markers["ready"] \
+            and not any(st != "warmup" for st in frame_stages):
+        stage = "ready"  # the OOM came after the server reported ready: run time, not a start-up stage
     if stage == "nccl_init" and facts.get("free_memory_check_failed"):
         stage = "startup"  # V1 init_device raises the free-memory check before any NCCL set-up
     s.set("stage", stage)

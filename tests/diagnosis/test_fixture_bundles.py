@@ -67,3 +67,13 @@ def test_fixture_bundle_memory_outcome(case):
         assert any(c.name == change["name"] and c.after == change["after"] for c in result.changes), result.changes
     for text in expected.get("explanation_has", []):
         assert text in result.explanation + result.memory_picture + result.advice, text
+
+
+@pytest.mark.parametrize("case", CASES, ids=[p.name for p in CASES])
+def test_never_echoes_vllms_utilization_advice_for_weights(case):
+    """vLLM 0.13+ says 'Try lowering --gpu-memory-utilization to free memory for weights': wrong
+    (utilization caps vLLM's budget, it frees nothing), so no text the bot sends repeats it."""
+    result = diagnose(load_bundle(case))
+    sent = " ".join([result.explanation, result.advice, result.memory_picture, *result.evidence])
+    assert "Try lowering --gpu-memory-utilization" not in sent
+    assert "lowering --gpu-memory-utilization to free memory" not in sent
