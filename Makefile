@@ -48,6 +48,7 @@ eval: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_diagnose.py
 	$(BIN)/python benchmarks/bench_alerts.py
+	$(BIN)/python benchmarks/bench_detect.py
 
 clean:
 	rm -rf $(VENV) .vllm-oncall benchmarks/out build dist
