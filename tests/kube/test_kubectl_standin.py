@@ -138,4 +138,16 @@ def test_dry_run_patch_returns_the_patched_spec_and_changes_nothing(kube_api, ku
     refused = subprocess.run(kubectl + ["patch", "deployment", "llama", "-n", NS, "--type=json",
                                         "-p", json.dumps(stale), "--dry-run=server"],
                              capture_output=True, text=True, timeout=20)
-    assert refused.returncode != 0 and "llama" in refused.stderr
+    assert refused.returncode != 0 and '"llama" is invalid' in refused.stderr
+    assert KubeApi(kube_api.api_client()).get_workload("Deployment", NS, "llama") == before
+
+
+def test_api_resources_names_every_kind_the_bot_uses(kube_api, kubectl):
+    rows = run(kubectl + ["api-resources", "--no-headers", "-o", "wide"]).splitlines()
+    names = {row.split()[0] for row in rows}
+    assert {"pods", "events", "nodes", "deployments", "replicasets", "statefulsets", "vllmincidents"} <= names
+    assert "deploy" in run(kubectl + ["api-resources", "--api-group", "apps"])
+    # a short name resolves through discovery to the same object the bot reads
+    dep, _ = crashing_deployment(kube_api, previous_log=PREVIOUS_LOG)
+    seen = json.loads(run(kubectl + ["get", "deploy", "llama", "-n", NS, "-o", "json"]))
+    assert seen["metadata"]["uid"] == dep["metadata"]["uid"]
