@@ -19,6 +19,8 @@ cannot run on the test machines):
 - `on_write`: a hook called after each persisted write of a workload, so a test can play the
   part of the Deployment controller (create a new ReplicaSet and pod) deterministically.
 - watch (`?watch=1` on lists) and the pod proxy subresource: tests/kubeapi/streams.py.
+- API discovery (/version, /api, /apis, /api/v1, /apis/{group}/{version}) for the real kubectl:
+  tests/kubeapi/discovery.py; the paths asked for are in `discovery_calls`, not `calls`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 import jsonpatch
 import kubernetes_validate
 
+from kubeapi import discovery
 from kubeapi.streams import StreamingMixin, Streams
 
 # (apiGroup, resource) -> (kind, apiVersion, namespaced)
@@ -228,6 +231,7 @@ class FakeKube(Streams):
         self.commit_faults: list[CommitFault] = []
         self.chaos: Chaos | None = None
         self.calls: list[Call] = []
+        self.discovery_calls: list[str] = []  # discovery paths asked for (kubectl), kept out of `calls`
         self.resource_version = 1000
         self.on_write: Callable[[FakeKube, dict[str, Any], dict[str, Any] | None], None] | None = None
         self.server: ThreadingHTTPServer | None = None
@@ -407,6 +411,13 @@ class FakeKube(Streams):
     def handle(self, method: str, path: str, query: dict[str, str], body: bytes,
                content_type: str) -> tuple[int, Any, dict[str, str]]:
         """One request -> (status code, JSON body or text, extra headers)."""
+        doc = discovery.answer(path, RESOURCES, self.url) if method == "GET" else None
+        if doc is not None or path.startswith("/openapi"):
+            with self.lock:
+                self.discovery_calls.append(path)
+            if doc is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return 200, doc, {}
         group, version, namespace, resource, name, sub = _parse_path(path)
         full_resource = f"{resource}/{sub}" if sub else resource
         if method == "GET":
