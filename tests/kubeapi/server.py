@@ -540,9 +540,11 @@ class FakeKube(Streams):
                 # what kube-apiserver answers when a `test` op does not hold
                 raise ApiError(422, "Invalid", f'{plural} "{name}" is invalid: the server rejected our request '
                                f'due to an error in our request: testing value failed: {exc}',
-                               {"name": name, "causes": [{"reason": "FieldValueInvalid", "message": str(exc)}]}) from None
+                               {"name": name, "kind": current.get("kind", ""),
+                                "causes": [{"reason": "FieldValueInvalid", "message": str(exc)}]}) from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                raise ApiError(422, "Invalid", f'{plural} "{name}" is invalid: {exc}', {"name": name}) from None
+                raise ApiError(422, "Invalid", f'{plural} "{name}" is invalid: {exc}',
+                               {"name": name, "kind": current.get("kind", "")}) from None
         elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             if not isinstance(patch, dict):
                 raise ApiError(400, "BadRequest", "merge patch must be a JSON object")
