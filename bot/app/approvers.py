@@ -20,10 +20,17 @@ class Approvers:
         self._group_cache: dict[str, tuple[float, set[str]]] = {}
         self._group_lock = threading.Lock()
 
-    def is_approver(self, user: str) -> bool:
-        if user in self.policy.approver_users:
+    def is_approver(self, user: str, namespace: str | None = None, channel: str | None = None) -> bool:
+        """`user` may decide in `namespace` (clicking in `channel`): a flat approver (every
+        namespace, any channel), or one of a scope that covers the namespace and the channel.
+        `namespace` None: an approver of any namespace at all (a first check before reading)."""
+        if self._member(user, self.policy.approver_users, self.policy.approver_groups):
             return True
-        return any(user in self._members(group) for group in self.policy.approver_groups)
+        return any(self._member(user, scope.users, scope.groups) for scope in self.policy.approver_scopes
+                   if namespace is None or scope.covers(namespace, channel))
+
+    def _member(self, user: str, users: frozenset[str], groups: frozenset[str]) -> bool:
+        return user in users or any(user in self._members(group) for group in groups)
 
     def _members(self, group: str) -> set[str]:
         with self._group_lock:

@@ -239,6 +239,10 @@ class Decisions:
             return None, refuse("wrong_message", channel, user,
                                 "Nothing was changed: this button does not belong to the message it was clicked on.")
         channel = channel or incident.slack_channel
+        if not self.approvers.is_approver(user, incident.namespace, channel):
+            return None, refuse("not_allowed", channel, user,
+                                f"You are not allowed to {verb} changes in namespace {incident.namespace} "
+                                f"from this channel. Nothing was changed; ask one of its approvers.")
         if digest is not None and digest != incident.proposal.digest:
             return None, self._replaced(clicked, user)
         if incident.proposal.approvals_off or self.proposer.policy.proposals_only:

@@ -211,6 +211,10 @@ class Rollout:
             state = incident.state if incident else "gone"
             return self.messages.refuse("nothing_to_roll_back", channel, user,
                                         f"Nothing to roll back (the incident is {state}).")
+        if not self.approvers.is_approver(user, incident.namespace, channel or incident.slack_channel):
+            return self.messages.refuse("not_allowed", channel, user,
+                                        f"You are not allowed to roll back changes in namespace "
+                                        f"{incident.namespace} from this channel.")
         # Claim the rollback by CAS, so a double click rolls back once.
         claimed = self.cas.claim(name, ROLLBACK_FROM, S.ROLLED_BACK, f"rollback by {user}")
         if claimed is None:

@@ -60,7 +60,7 @@ class OncallService:
         self.posting = Poster(cluster.name, store, chat, cas, messages, self.metrics, self.policy, clock)
         self.intake = Intake(cluster, store, cas, proposer, self.posting, messages, self.metrics, clock)
         self.why = Why(cluster, store, chat, cas, self.intake, proposer, self.posting, self.metrics, self.policy,
-                       clock)
+                       clock, self.approvers)
         self.rollout = Rollout(cluster, store, cas, self.approvers, messages, self.metrics, self.policy, clock,
                                verify_steps)
         self._resumed = False  # verifications a restart interrupted: resumed by the first sweep
@@ -79,8 +79,8 @@ class OncallService:
         """`why POD`, `why NS/POD` or `why DEPLOYMENT`: post the diagnosis in `channel`."""
         return self.why.answer_why(query, channel, user)
 
-    def is_approver(self, user: str) -> bool:
-        return self.approvers.is_approver(user)
+    def is_approver(self, user: str, namespace: str | None = None, channel: str | None = None) -> bool:
+        return self.approvers.is_approver(user, namespace, channel)
 
     def approve(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
         """Returns what happened: applied | failed | conflict | refused | replaced | not_allowed | ...

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from bot.app import evidence_cache
+from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
 from bot.app.incidents import incident_name
 from bot.app.intake import Intake
@@ -36,8 +37,9 @@ def with_copy(incident: Incident, message: MessageRef | None) -> list[MessageRef
 class Why:
     def __init__(self, cluster: ClusterPort, store: IncidentStore, chat: ChatPort, cas: IncidentCas,
                  intake: Intake, proposer: Proposer, poster: Poster, metrics: Metrics, policy: Policy,
-                 clock: Callable[[], datetime]):
+                 clock: Callable[[], datetime], approvers: Approvers | None = None):
         self.cluster, self.store, self.chat, self.cas = cluster, store, chat, cas
+        self.approvers = approvers or Approvers(policy, chat)
         self.intake, self.proposer, self.poster = intake, proposer, poster
         self.metrics, self.policy, self.clock = metrics, policy, clock
 
@@ -46,6 +48,10 @@ class Why:
         the same buttons an alert would get."""
         namespace, _, name = query.strip().rpartition("/")
         namespace = namespace or self.policy.default_namespace
+        if not self._may_ask(namespace, channel, user):
+            self.chat.tell_user(channel, user, f"/vllm why for namespace {namespace} answers only in the channel "
+                                               "its incidents are posted to, or to its approvers. Nothing was posted.")
+            return None
         try:
             pod = self.cluster.resolve_pod(namespace, name)
             evidence = self.cluster.collect(namespace, pod)
@@ -84,6 +90,12 @@ class Why:
         if kept_note and answer is not None:
             self._say(posted or _message_of(answer), kept_note)
         return answer
+
+    def _may_ask(self, namespace: str, channel: str, user: str) -> bool:
+        """VLLM_ONCALL_WHY_SCOPE=channel: only in the alert channel, or by an approver of `namespace`."""
+        if self.policy.why_scope == "open" or channel == self.policy.alert_channel:
+            return True
+        return self.approvers.is_approver(user, namespace, channel)
 
     def _kept_if_log_gone(self, evidence: Evidence, workload: WorkloadRef) -> tuple[Evidence, str | None]:
         """The evidence kept with the workload's latest incident when the previous log is gone

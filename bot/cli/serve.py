@@ -349,6 +349,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     """Wire the real pieces from settings. Separate from run_serve so it can be reasoned about
     (and started) without a terminal."""
     from bot.app.metrics import Metrics
+    from bot.app.policy import parse_scopes
     from bot.app.service import OncallService, Policy
     from bot.cli.books import load_books
     from bot.diagnosis.redact import Redactor
@@ -369,6 +370,8 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     policy = Policy(approver_users=frozenset(settings.approver_users),
                     proposals_only=settings.mode == "proposals-only",
                     approver_groups=frozenset(settings.approver_groups),
+                    approver_scopes=parse_scopes(settings.approver_scopes),
+                    why_scope=settings.why_scope, alert_channel=settings.slack_channel,
                     proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                     verify_timeout_seconds=settings.verify_timeout_seconds,
                     default_namespace=settings.default_namespace, redactor=redactor)

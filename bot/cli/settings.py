@@ -26,6 +26,8 @@ ENV_VARS: dict[str, str] = {
     "slack_api_url": "SLACK_API_URL",
     "approver_users": "VLLM_ONCALL_APPROVERS",
     "approver_groups": "VLLM_ONCALL_APPROVER_GROUPS",
+    "approver_scopes": "VLLM_ONCALL_APPROVER_SCOPES",
+    "why_scope": "VLLM_ONCALL_WHY_SCOPE",
     "alert_token": "VLLM_ONCALL_ALERT_TOKEN",
     "alertnames": "VLLM_ONCALL_ALERTNAMES",
     "proposal_ttl_seconds": "VLLM_ONCALL_PROPOSAL_TTL_SECONDS",
@@ -83,6 +85,11 @@ class Settings(BaseModel):
     slack_api_url: str | None = None  # a Slack stand-in in tests; Slack's own URL when None
     approver_users: list[str] = Field(default_factory=list)
     approver_groups: list[str] = Field(default_factory=list)
+    # Approvers of some namespaces only: `ns-glob=U1,S2,@C3;other-*=U4` (@C: where a click counts),
+    # or in the file a mapping of globs to lists. The two flat lists above approve every namespace.
+    approver_scopes: dict[str, list[str]] = Field(default_factory=dict)
+    # `/vllm why` for a namespace: channel = only in the alert channel or by its approvers; open = anyone
+    why_scope: Literal["channel", "open"] = "channel"
     alert_token: str | None = None
     alertnames: list[str] = Field(default_factory=lambda: ["KubePodCrashLooping"])
     proposal_ttl_seconds: float = Field(default=3600, gt=0)
@@ -148,6 +155,16 @@ class Settings(BaseModel):
             raise ValueError(f"Slack user group ids start with S, not {', '.join(bad)}")
         return v
 
+    @field_validator("approver_scopes", mode="before")
+    @classmethod
+    def _scopes(cls, v: Any) -> Any:
+        from bot.app.policy import parse_scopes
+
+        if v is None or v == "":
+            return {}
+        scopes = parse_scopes(v)  # a ValueError names the bad part
+        return {s.namespaces: sorted(s.users | s.groups) + sorted(f"@{c}" for c in s.channels) for s in scopes}
+
     @field_validator("redact_patterns")
     @classmethod
     def _patterns(cls, v: list[str]) -> list[str]:
@@ -173,7 +190,8 @@ class Settings(BaseModel):
         if not self.slack_app_token and not self.slack_signing_secret:
             problems.append(f"{ENV_VARS['slack_signing_secret']}: required when {ENV_VARS['slack_app_token']} "
                             "is not set (Slack then calls /slack/events over HTTP and signs each request)")
-        if self.mode == "approve" and not self.approver_users and not self.approver_groups:
+        if self.mode == "approve" and not self.approver_users and not self.approver_groups \
+                and not self.approver_scopes:
             problems.append(f"{ENV_VARS['approver_users']} or {ENV_VARS['approver_groups']}: set at least one "
                             f"approver, otherwise nobody may click Approve ({ENV_VARS['mode']}=approve)")
         if self.watch and self.cluster_source != "kube":
