@@ -3,8 +3,11 @@ the repository, the shared corpus and our fixture bundles are."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,3 +66,14 @@ def make_node(product="NVIDIA-L4", memory_mib=23034, count=1, allocatable_memory
                                                           "nvidia.com/gpu.count": str(count)}},
             "status": {"capacity": {"nvidia.com/gpu": str(count)},
                        "allocatable": {"nvidia.com/gpu": str(count), "memory": allocatable_memory}}}
+
+
+def require(tool: str, install_hint: str = "") -> str:
+    """The path of a tool the test runs as a real process. Outside CI a machine without it
+    skips the test; in CI (.ci/run installs every tool) a missing tool fails it."""
+    path = shutil.which(tool)
+    if path:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{tool} is required in CI (.ci/run installs it)")
+    pytest.skip(f"{tool} is not installed{f' ({install_hint})' if install_hint else ''}")

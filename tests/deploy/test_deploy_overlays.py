@@ -9,13 +9,13 @@ Outside CI a missing kubectl / promtool / amtool skips its test; in CI (CI set, 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from builders import require
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -27,13 +27,6 @@ SLACK_SECRET = {"bot-token": "xoxb-1-test", "app-token": "xapp-1-test", "channel
                 "alert-token": "test-alert-token"}
 
 
-def require(tool: str) -> str:
-    path = shutil.which(tool)
-    if path:
-        return path
-    if os.environ.get("CI"):
-        pytest.fail(f"{tool} is required in CI (.ci/run installs it)")
-    pytest.skip(f"{tool} is not installed")
 
 
 def render(variant: str | Path) -> list[dict]:

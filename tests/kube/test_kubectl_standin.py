@@ -7,14 +7,13 @@ object. If kubectl cannot read the stand-in, the stand-in's wire format is not t
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from builders import require
 from kubeapi.objects import crashing_deployment
 
 from bot.kube.api import KubeApi
@@ -23,13 +22,6 @@ NS = "inference"
 PREVIOUS_LOG = "INFO 11-30 05:00:00 starting\ntorch.OutOfMemoryError: CUDA out of memory.\n"
 
 
-def require(tool: str) -> str:
-    path = shutil.which(tool)
-    if path:
-        return path
-    if os.environ.get("CI"):
-        pytest.fail(f"{tool} is required in CI (.ci/run installs it)")
-    pytest.skip(f"{tool} is not installed")
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ names and labels; the bot's adapter (bot/kube/prometheus.py) asks its HTTP API."
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -13,6 +11,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from builders import require
 from kubeapi.dcgm import DcgmExporter, Gpu
 from test_verify_steps import MODEL, World
 
@@ -22,13 +21,6 @@ from bot.kube.verify import ServingChecks
 NS = "inference"
 
 
-def require(tool: str) -> str:
-    path = shutil.which(tool)
-    if path:
-        return path
-    if os.environ.get("CI"):
-        pytest.fail(f"{tool} is required in CI (.ci/run installs it)")
-    pytest.skip(f"{tool} is not installed (apt-get install prometheus)")
 
 
 def free_port() -> int:
