@@ -31,7 +31,7 @@ def free_port() -> int:
 
 class RealPrometheus:
     def __init__(self, target: str, folder):
-        binary = require("prometheus")
+        binary = require("prometheus", "apt-get install prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = folder / "prometheus.yml"
