@@ -78,7 +78,7 @@ class Decisions:
                                  message=check.reason)
             return self._conflicted(name, result, clicked)
         if not check.ok:
-            return self._refused_to_apply(name, check.refused or "re-derivation failed", clicked)
+            return self._refused_to_apply(claimed, check.refused or "re-derivation failed", clicked)
         result = self._apply(claimed, user)
         if result.ok:
             return self._applied(name, user, result, clicked)
@@ -86,15 +86,8 @@ class Decisions:
             return self._unknown(claimed, clicked, result.message)
         if result.conflict:
             return self._conflicted(name, result, clicked)
-        failed = self._finish(name, S.FAILED, f"patch failed: {result.message}")
-        if failed is None:
-            return "already_decided"
-        incident = failed
-        self.metrics.patches_failed.labels("error").inc()
-        self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, Note(text=f":x: The patch failed, nothing was changed: "
-                                                         f"{result.message}"))
-        return "failed"
+        return self._report_failure(name, clicked, "error", f"patch failed: {result.message}",
+                                    f":x: The patch failed, nothing was changed: {result.message}", "failed")
 
     def _unknown(self, incident: Incident, clicked: MessageRef | None, why: str) -> str:
         """Whether the patch landed is unknown: the incident stays `applying`; resume_applying
@@ -127,19 +120,25 @@ class Decisions:
         self._after_conflict(name, result, clicked)
         return "conflict"
 
-    def _refused_to_apply(self, name: str, why: str, clicked: MessageRef | None) -> str:
+    def _refused_to_apply(self, claimed: Incident, why: str, clicked: MessageRef | None) -> str:
         """The stored proposal is not what re-deriving it gives now: nothing is applied."""
-        log.warning("incident %s: apply refused: %s", name, why)
-        failed = self._finish(name, S.FAILED, f"apply refused: {why}")
-        if failed is None:
+        log.warning("incident %s: apply refused: %s", claimed.name, why)
+        where = f"{claimed.namespace}/{claimed.workload}"
+        return self._report_failure(claimed.name, clicked, "refused", f"apply refused: {why}",
+                                    f":no_entry: Not applied, nothing was changed: {why}. "
+                                    f"Run `/vllm why {where}` for a fresh proposal.", "refused")
+
+    def _report_failure(self, name: str, clicked: MessageRef | None, reason: str, note: str, reply: str,
+                        outcome: str) -> str:
+        """Move an incident this call holds out of `applying` to failed, count it under `reason`,
+        re-render its message and say why in the thread; "already_decided" if a replica did first."""
+        incident = self._finish(name, S.FAILED, note)
+        if incident is None:
             return "already_decided"
-        incident = failed
-        self.metrics.patches_failed.labels("refused").inc()
+        self.metrics.patches_failed.labels(reason).inc()
         self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, Note(text=f":no_entry: Not applied, nothing was changed: {why}. "
-                                                         f"Run `/vllm why {incident.namespace}/{incident.workload}` "
-                                                         "for a fresh proposal."))
-        return "refused"
+        self.messages.reply(incident, clicked, Note(text=reply))
+        return outcome
 
     def _lost(self, name: str, clicked: MessageRef | None, user: str, seen: str) -> str:
         """The claim did not happen: another decision came first, or the proposal was replaced."""
