@@ -77,3 +77,14 @@ def require(tool: str, install_hint: str = "") -> str:
     if os.environ.get("CI"):
         pytest.fail(f"{tool} is required in CI (.ci/run installs it)")
     pytest.skip(f"{tool} is not installed{f' ({install_hint})' if install_hint else ''}")
+
+
+def kubeconfig_for(server: str, path: Path) -> str:
+    """A kubeconfig file naming `server` (a stand-in's URL, or one nothing listens on), as a
+    user's ~/.kube/config would; returns its path."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+        "clusters": [{"name": "stand-in", "cluster": {"server": server}}],
+        "users": [{"name": "bot", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "bot"}}]}))
+    return str(path)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from builders import kubeconfig_for
 from kubeapi.objects import container, crashing_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,14 +37,6 @@ def one_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
     assert lines[0].startswith("vllm-oncall"), lines[0]
     return lines[0]
 
-
-def kubeconfig_for(server: str, path: Path) -> str:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [{"name": "u", "user": {"token": "not-a-secret"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    return str(path)
 
 
 def closed_port() -> int:

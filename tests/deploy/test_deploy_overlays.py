@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from builders import require
+from builders import kubeconfig_for, require
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -132,14 +132,6 @@ def container_environment(objects: list[dict], secret: dict[str, str], mounts: P
         env = {k: v.replace(mount["mountPath"], str(folder)) for k, v in env.items()}
     return env
 
-
-def kubeconfig_for(server: str, path: Path) -> str:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [{"name": "u", "user": {"token": "not-a-secret"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    return str(path)
 
 
 def serve_check(objects: list[dict], secret: dict[str, str], tmp_path: Path, server: str):

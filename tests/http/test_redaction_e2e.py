@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
+from builders import kubeconfig_for
 from kubeapi.objects import container, crashing_deployment, rollout_controller
 from openai_standin import OpenAIStandIn, wait_until
 from slackapi.requests import button_value, click_body, signed_headers
@@ -78,22 +78,13 @@ ENV = [{"name": "HF_TOKEN", "value": S["HF_TOKEN env"]}, {"name": "SERVICE_KEY",
 COMMENT = "The KV cache holds 19,152 tokens, fewer than the 32,768 the model length needs."
 
 
-def kubeconfig_for(fake, folder: Path) -> str:
-    path = folder / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
-        "clusters": [{"name": "stand-in", "cluster": {"server": fake.url}}],
-        "users": [{"name": "bot", "user": {"token": "t"}}],
-        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "bot"}}]}))
-    return str(path)
-
 
 def use_kubeconfig(monkeypatch, fake, folder: Path) -> None:
     """Point `serve`'s kubeconfig lookup at the stand-in. The kubernetes package reads KUBECONFIG
     once, at import, into KUBE_CONFIG_DEFAULT_LOCATION; so set both for this test."""
     from kubernetes.config import kube_config
 
-    path = kubeconfig_for(fake, folder)
+    path = kubeconfig_for(fake.url, folder / "kubeconfig")
     monkeypatch.setenv("KUBECONFIG", path)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
     for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from builders import kubeconfig_for
 from kubeapi.objects import container, crashing_deployment, start_pod
 
 from bot.kube import retry as kube_retry
@@ -270,18 +271,6 @@ def test_events_are_read_unless_the_last_exit_was_an_ordinary_error(pod, read):
     assert events_can_explain(pod, "vllm") is read
 
 
-def kubeconfig_for(fake, folder) -> str:
-    """A kubeconfig file pointing at the stand-in, as a user's ~/.kube/config would."""
-    import yaml
-
-    path = folder / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
-        "clusters": [{"name": "stand-in", "cluster": {"server": fake.url}}],
-        "users": [{"name": "bot", "user": {"token": "t"}}],
-        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "bot"}}]}))
-    return str(path)
-
 
 def test_a_long_retry_after_is_capped_by_the_bots_policy_not_slept_by_urllib3(kube_api, sleeps, caplog,
                                                                               tmp_path):
@@ -291,7 +280,7 @@ def test_a_long_retry_after_is_capped_by_the_bots_policy_not_slept_by_urllib3(ku
 
     _, pod = crashing_deployment(kube_api)
     kube_api.fail("get", "pods", 429, times=1, retry_after="3600")
-    api = KubeApi(api_client_from_environment(kubeconfig=kubeconfig_for(kube_api, tmp_path)),
+    api = KubeApi(api_client_from_environment(kubeconfig=kubeconfig_for(kube_api.url, tmp_path / "kubeconfig")),
                   retry=RetryPolicy(max_retry_after=60.0, sleep=sleeps))
     seen: list[tuple[str, int | None]] = []
     kube_retry.on_retry(lambda what, status: seen.append((what, status)))
