@@ -8,6 +8,7 @@ ClusterAccessError line, within a few seconds instead of a long retry loop.
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import yaml
@@ -27,6 +28,9 @@ def api_client(context: str | None = None, kubeconfig: str | None = None):
 
     where = kubeconfig or "the kubeconfig (KUBECONFIG or ~/.kube/config)"
     try:
+        if kubeconfig and not isinstance(yaml.safe_load(Path(kubeconfig).read_text(encoding="utf-8")), dict):
+            raise ClusterAccessError(f"{where}: not a kubeconfig (expected a YAML mapping with clusters, "
+                                     "contexts and users)")
         return api_client_from_environment(context, kubeconfig)
     except ConfigException as exc:
         raise ClusterAccessError(f"no Kubernetes access: not running in a pod, and {where}: "
