@@ -123,14 +123,25 @@ class RecordingChat:
         self.told: list[tuple[str, str]] = []
         self.groups: dict[str, set[str]] = {}
         self.down = False
+        self.keys: dict[tuple[str, str], MessageRef] = {}  # (channel, post_key) -> message, like Slack's metadata
+        self.lookups: list[tuple[str, str]] = []  # find_posted calls: (channel, post_key)
         self._lock = threading.Lock()
 
     def post_incident(self, incident, channel=None):
-        if self.down:
+        if self.down:  # refused outright: certainly not posted
             raise ChatUnavailable("chat.postMessage: service_unavailable")
         with self._lock:
             self.posts.append((incident.name, channel or "C0ALERTS"))
-            return MessageRef(channel=channel or "C0ALERTS", ts=f"{len(self.posts)}.0001")
+            ref = MessageRef(channel=channel or "C0ALERTS", ts=f"{len(self.posts)}.0001")
+            if incident.post_key:
+                self.keys[(ref.channel, incident.post_key)] = ref
+            return ref
+
+    def find_posted(self, channel, post_key, since):
+        if self.down:
+            raise ChatUnavailable("conversations.history: service_unavailable")
+        self.lookups.append((channel or "C0ALERTS", post_key))
+        return self.keys.get((channel or "C0ALERTS", post_key))
 
     def update_incident(self, incident, message):
         if self.down:

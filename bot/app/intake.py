@@ -17,9 +17,9 @@ from bot.app.incidents import incident_name
 from bot.app.messages import Messages
 from bot.app.metrics import Metrics
 from bot.app.ports import ClusterPort, IncidentExists, IncidentStore, PodNotFound
-from bot.app.posting import Poster
+from bot.app.posting import NewPost, Poster
 from bot.app.proposals import Proposer, open_state
-from bot.app.records import AlertTarget, Incident, Note, PostLease
+from bot.app.records import AlertTarget, Incident, Note
 from bot.app.state import IncidentState, can_move, check_opening
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import Proposal, WorkloadRef
@@ -66,8 +66,8 @@ class Intake:
         workload = workload or self.cluster.workload_for(evidence)
         name = incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause)
         if self.store.get(name) is None:
-            lease = self.poster.new_lease()
-            incident = self._new_incident(name, target, evidence, diagnosis, workload, channel, lease)
+            new = self.poster.new_post(name)
+            incident = self._new_incident(name, target, evidence, diagnosis, workload, channel, new)
             try:
                 created = self.store.create(incident)
             except IncidentExists:
@@ -77,7 +77,7 @@ class Intake:
                 if created.state == IncidentState.PROPOSED:
                     self.metrics.proposals.inc()
                 log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
-                posted = self.poster.ensure_posted(name, received_at=target.received_at, lease=lease,
+                posted = self.poster.ensure_posted(name, received_at=target.received_at, lease=new.lease,
                                                    known=created)
                 if self.commentary is not None:
                     self.commentary(posted, evidence)
@@ -85,7 +85,7 @@ class Intake:
         return self._record_repeat(name, target.pod, diagnosis, evidence, workload)
 
     def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
-                      workload: WorkloadRef, channel: str | None, lease: PostLease) -> Incident:
+                      workload: WorkloadRef, channel: str | None, new: NewPost) -> Incident:
         now = self.clock()
         proposal = self.proposer.propose(diagnosis, evidence, workload)
         return Incident(
@@ -93,7 +93,8 @@ class Intake:
             cause=diagnosis.cause, state=check_opening(name, open_state(proposal)),
             pods=[target.pod], restarts=diagnosis.restarts, first_seen=now, last_seen=now,
             slack_channel=channel, proposal=proposal, diagnosis=diagnosis,
-            post_lease=lease,  # the creator posts it: no other replica does meanwhile
+            # the creator posts it: no other replica does meanwhile; its message's identity is stored first
+            post_lease=new.lease, post_key=new.key, post_since=new.since,
             evidence=evidence_cache.keep(evidence, now),  # for /vllm why once the previous log is gone
             history=[f"{iso(now)} created from pod {target.pod}"],
         )

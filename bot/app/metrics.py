@@ -16,7 +16,13 @@ class Metrics:
         self.alerts_skipped = Counter("vllm_oncall_alerts_skipped", "Alerts not acted on", ["reason"], registry=r)
         self.diagnoses = Counter("vllm_oncall_diagnoses", "New incidents by diagnosed cause", ["cause"], registry=r)
         self.proposals = Counter("vllm_oncall_proposals", "Proposals offered with an Approve button", registry=r)
-        self.incidents_posted = Counter("vllm_oncall_incidents_posted", "Incident messages posted", registry=r)
+        # Each incident's message once: posted, or found in the channel's history after an ambiguous
+        # answer or a restart (those are also counted in posts_recovered).
+        self.incidents_posted = Counter("vllm_oncall_incidents_posted", "Incident messages posted (once per message)",
+                                        registry=r)
+        self.posts_recovered = Counter("vllm_oncall_posts_recovered",
+                                       "Incident messages found in the channel's history instead of posted again "
+                                       "(an earlier attempt's answer was lost)", registry=r)
         self.repeats = Counter("vllm_oncall_alert_repeats", "Alerts folded into an existing incident", registry=r)
         self.approvals = Counter("vllm_oncall_approvals", "Approve clicks that started a patch", registry=r)
         self.rejections = Counter("vllm_oncall_rejections", "Proposals rejected", registry=r)

@@ -9,6 +9,7 @@ side can be swapped.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol
 
 from bot.app.records import ApplyResult, Incident, MessageRef, Note, Verification
@@ -35,11 +36,15 @@ class ChatUnavailable(Exception):
     """The chat could not be reached after retries; the incident stays in the store unposted.
 
     channel_refused: the chat answered but will never accept a post to that channel (not a
-    member, archived, no such channel), so retrying the same channel is pointless."""
+    member, archived, no such channel), so retrying the same channel is pointless.
+    ambiguous: the chat may have done it anyway (a timeout, a 5xx, a connection dropped after the
+    request was sent): a post may exist. False when it certainly did not (connection refused, a
+    4xx answer such as channel_not_found, 429 after the retries)."""
 
-    def __init__(self, message: str, channel_refused: bool = False):
+    def __init__(self, message: str, channel_refused: bool = False, ambiguous: bool = False):
         super().__init__(message)
         self.channel_refused = channel_refused
+        self.ambiguous = ambiguous
 
 
 class ClusterPort(Protocol):
@@ -91,7 +96,14 @@ class IncidentStore(Protocol):
 
 class ChatPort(Protocol):
     def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
-        """Post the incident's message (to its default channel when channel is None)."""
+        """Post the incident's message (to its default channel when channel is None), carrying
+        `incident.post_key` so `find_posted` can recognise it later."""
+
+    def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
+        """The top-level message carrying `post_key` in `channel` (the default channel when None),
+        posted no earlier than `since` (less a margin for clock skew); None if there is none.
+        Raises ChatUnavailable when it cannot tell (the chat is down, or the history is too long
+        to read within its bounds): never None unless it really looked."""
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         """Re-render a posted message in place from the incident's current state."""

@@ -1,9 +1,18 @@
 """Posting an incident exactly once, and eventually.
 
 Whoever creates an incident also takes its post lease, so no other replica or thread posts it
-meanwhile. A post that fails (the chat is down) releases the lease and leaves the incident
-unposted in the store; the next repeat alert or the periodic sweep posts it. A lease whose
-holder died runs out after POST_LEASE, and then anyone may post.
+meanwhile. With the lease (in the same write) the incident gets its message's identity, a
+`post_key` ("<name>/<random>"), before anything is sent; the chat carries the key in the
+message's metadata.
+
+A post that certainly failed (connection refused, the chat said no) releases the lease and
+leaves the incident unposted in the store; the next repeat alert or the periodic sweep posts it.
+A post whose answer is ambiguous (a timeout, a 5xx, a connection dropped after sending: the
+message may exist) keeps the lease, so nobody posts again before it runs out; a holder that died
+mid-post leaves it the same way. After POST_LEASE anyone may take the lease, and whoever takes it
+over an incident that already has a key first looks for that key in the channel's history:
+found, the ts is recorded (posted once, counted once); the look-up failed, nothing is posted
+until a later sweep can look; not found, it is posted with the same key.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from bot.app.cas import IncidentCas, noted
@@ -26,6 +36,15 @@ log = logging.getLogger(__name__)
 POST_LEASE = timedelta(seconds=60)  # how long one attempt may hold the right to post an incident
 
 
+@dataclass(frozen=True)
+class NewPost:
+    """What a creator writes with the incident (one write) before its first post attempt."""
+
+    lease: PostLease
+    key: str  # the message's identity, sent in its metadata
+    since: datetime  # no message with this key can be older
+
+
 class Poster:
     def __init__(self, cluster_name: str, store: IncidentStore, chat: ChatPort, cas: IncidentCas,
                  messages: Messages, metrics: Metrics, policy: Policy, clock: Callable[[], datetime]):
@@ -37,6 +56,10 @@ class Poster:
         """A lease per posting attempt (not per replica: threads of one replica race too)."""
         return PostLease(holder=f"{self.policy.replica}/{uuid.uuid4().hex[:8]}", until=self.clock() + POST_LEASE)
 
+    def new_post(self, name: str) -> NewPost:
+        """A lease and a new message identity, for an incident whose next message is a new one."""
+        return NewPost(lease=self.new_lease(), key=f"{name}/{uuid.uuid4().hex[:12]}", since=self.clock())
+
     def lease_holder(self, incident: Incident) -> str | None:
         """The posting attempt currently allowed to post this incident, if its lease is still running."""
         lease = incident.post_lease
@@ -46,20 +69,32 @@ class Poster:
                       known: Incident | None = None) -> Incident | None:
         """Post the incident unless it is posted or someone else holds the post lease.
 
-        `known`: the incident as the caller just wrote it (created, or updated by CAS). It saves
-        a read; it is safe because every later write here is a CAS on its version, so a stale
-        `known` only costs a conflict and a re-read."""
+        `lease`: the lease the caller wrote together with a new post_key (`new_post`): this is
+        that key's first attempt, nothing to look for. `known`: the incident as the caller just
+        wrote it (created, or updated by CAS). It saves a read; it is safe because every later
+        write here is a CAS on its version, so a stale `known` only costs a conflict and a re-read."""
         incident = known if known is not None else self.store.get(name)
         if incident is None or incident.slack_ts:
             return incident
         holder = self.lease_holder(incident)
         if holder is not None and (lease is None or holder != lease.holder):
             return incident  # another thread or replica is posting it right now
-        if holder is None:
+        # Taking the lease here (it ran out, or was released): a key already on the incident is
+        # an earlier attempt's, which may have posted (ambiguous answer, or killed mid-post).
+        earlier = holder is None and incident.post_key is not None
+        if holder is None or incident.post_key is None:
             try:
-                incident = self.store.update(incident.model_copy(update={"post_lease": self.new_lease()}))
+                incident = self.store.update(incident.model_copy(update=self._attempt(incident, holder is None)))
             except IncidentConflict:
                 return self.store.get(name)  # someone else moved first; they (or the sweeper) post it
+        if earlier:
+            try:
+                found = self.chat.find_posted(incident.slack_channel, incident.post_key or "",
+                                              incident.post_since or incident.first_seen)
+            except ChatUnavailable as exc:
+                return self._lookup_failed(incident, exc)
+            if found is not None:
+                return self._posted(incident, found, received_at, recovered=True)
         try:
             message = self.chat.post_incident(incident, incident.slack_channel)
         except ChatUnavailable as exc:
@@ -67,16 +102,34 @@ class Poster:
         return self._posted(incident, message, received_at)
 
     def post_pending(self) -> None:
-        """Post the incidents whose post failed (the chat was down)."""
+        """Post the incidents whose post failed (the chat was down) or may not have happened."""
         for incident in self.store.list(cluster=self.cluster_name, posted="false"):
             try:
                 self.ensure_posted(incident.name)
             except Exception:  # one bad incident must not stop the others
                 log.exception("retrying the post of %s failed", incident.name)
 
+    def _attempt(self, incident: Incident, take_lease: bool) -> dict[str, object]:
+        """The fields one CAS writes before an attempt: a new lease, and a key if there is none yet
+        (an existing key is kept: it is how an earlier attempt's message is recognised)."""
+        fields: dict[str, object] = {"post_lease": self.new_lease()} if take_lease else {}
+        if incident.post_key is None:
+            new = self.new_post(incident.name)
+            fields.update(post_key=new.key, post_since=new.since)
+        return fields
+
     def _post_failed(self, incident: Incident, exc: ChatUnavailable, received_at: float | None
                      ) -> Incident | None:
         name = incident.name
+        if exc.ambiguous:
+            # It may be in the channel: keep the lease, so nobody posts again before it runs out;
+            # whoever takes it then looks for the key first.
+            log.warning("posting incident %s may or may not have worked (%s); will look for it before "
+                        "posting again", name, exc)
+            self.cas.mutate(name, lambda inc: inc.model_copy(update={"history": noted(
+                inc, self.clock(), f"post answer unclear ({str(exc)[:120]}): it may be in the channel; "
+                "looking for it there before any new post")}))
+            return self.store.get(name)
         log.warning("could not post incident %s, will retry: %s", name, exc)
         # A channel that refuses the bot (e.g. `/vllm why` typed where it is not a member)
         # never will accept it: fall back to the alert channel instead of retrying forever.
@@ -86,22 +139,53 @@ class Poster:
             **fallback, "post_lease": None, "history": noted(inc, self.clock(), note)}))
         return self.ensure_posted(name, received_at) if fallback else self.store.get(name)
 
-    def _posted(self, incident: Incident, message: MessageRef, received_at: float | None) -> Incident | None:
-        if received_at is not None:
-            self.metrics.alert_to_post.observe(time.monotonic() - received_at)
-        self.metrics.incidents_posted.inc()
+    def _lookup_failed(self, incident: Incident, exc: ChatUnavailable) -> Incident | None:
+        """Could not tell whether an earlier attempt posted: post nothing, let a later sweep look."""
+        log.warning("could not check whether incident %s was posted already (%s): not posting it now", incident.name,
+                    exc)
+        mine = incident.post_lease
 
-        def record_post(inc: Incident) -> Incident:
+        def release(inc: Incident) -> Incident:
+            return inc.model_copy(update={
+                "post_lease": None if inc.post_lease == mine else inc.post_lease,
+                "history": noted(inc, self.clock(), f"could not check the channel for an earlier post "
+                                 f"({str(exc)[:120]}): not posting until it can")})
+
+        return self.cas.mutate(incident.name, release)
+
+    def _posted(self, incident: Incident, message: MessageRef, received_at: float | None,
+                recovered: bool = False) -> Incident | None:
+        first = True  # this call stored the incident's ts (not someone who overran our lease)
+
+        def record_post(inc: Incident) -> Incident | None:
+            nonlocal first
+            first = not inc.slack_ts
+            if not first:
+                return None
+            how = "found in the history of" if recovered else "posted to"
             return inc.model_copy(update={
                 "slack_channel": message.channel, "slack_ts": message.ts, "post_lease": None,
-                "history": noted(inc, self.clock(), f"posted to {message.channel}")})
+                "history": noted(inc, self.clock(), f"{how} {message.channel}")})
 
         # Usually nobody wrote since the incident we hold (we held the post lease): a CAS on it
         # stores the ts without reading again. Someone did (a repeat alert's counters): re-read.
         try:
-            posted: Incident | None = self.store.update(record_post(incident))
+            update = record_post(incident)
+            posted: Incident | None = self.store.update(update) if update is not None else incident
         except IncidentConflict:
             posted = self.cas.mutate(incident.name, record_post)
-        if posted is not None and (posted.alert_count, posted.pods) != (incident.alert_count, incident.pods):
-            self.messages.refresh(posted)  # repeats arrived while posting: show their counters
+        if first:
+            self.metrics.incidents_posted.inc()  # each incident's message once, however it was learnt
+            if recovered:
+                self.metrics.posts_recovered.inc()
+            if received_at is not None:
+                self.metrics.alert_to_post.observe(time.monotonic() - received_at)
+        else:
+            log.error("incident %s already had message %s when %s arrived: a duplicate", incident.name,
+                      posted.slack_ts if posted else None, message.ts)
+        # Repeats arrived while posting, or the message found was rendered by an earlier attempt:
+        # show the incident as it is now.
+        if posted is not None and first and (recovered or (posted.alert_count, posted.pods) != (
+                incident.alert_count, incident.pods)):
+            self.messages.refresh(posted)
         return posted

@@ -100,6 +100,11 @@ class Incident(Model):
     decided_at: datetime | None = None
     # Set by the application, read by it; records written before these fields load with None.
     post_lease: PostLease | None = None  # None: nobody is posting it (or it is posted)
+    # The identity of the incident's (next) message, "<name>/<random>", stored with the post lease
+    # before the first attempt and sent in the message's metadata; after an ambiguous answer or a
+    # kill, the channel's history is searched for it before posting again (bot/app/posting.py).
+    post_key: str | None = None
+    post_since: datetime | None = None  # when the first attempt with post_key began
     applied: AppliedChange | None = None
     history: list[str] = Field(default_factory=list)  # for people only: never parsed
 

@@ -132,7 +132,7 @@ class Why:
                     workload: WorkloadRef, channel: str, user: str) -> Incident | None:
         """A fresh proposal on the existing incident, posted as a new message in `channel`."""
         proposal = self.proposer.propose(diagnosis, evidence, workload)
-        lease = self.poster.new_lease()
+        new = self.poster.new_post(key)  # a new message: a new identity (the old one's is in copies)
 
         def refresh(inc: Incident) -> Incident:
             now = self.clock()
@@ -141,13 +141,13 @@ class Why:
                          pods=inc.pods + ([pod] if pod not in inc.pods else []),
                          copies=with_copy(inc, inc.message_ref()),  # the old message is re-rendered too
                          slack_channel=channel, slack_ts=None,  # the new message becomes the incident's
-                         post_lease=lease)
+                         post_lease=new.lease, post_key=new.key, post_since=new.since)
 
         if self.cas.mutate(key, refresh) is None:
             return None
         if offers_button(proposal):
             self.metrics.proposals.inc()
-        return self.poster.ensure_posted(key, lease=lease)
+        return self.poster.ensure_posted(key, lease=new.lease)
 
 
 def _message_of(incident: Incident) -> MessageRef | None:

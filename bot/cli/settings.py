@@ -139,6 +139,17 @@ class Settings(BaseModel):
             raise ValueError("must be an app-level token starting with xapp- (Socket Mode)")
         return v or None
 
+    @field_validator("slack_channel")
+    @classmethod
+    def _channel_id(cls, v: str) -> str:
+        # After an unclear answer from Slack the bot looks for its message in the channel's history
+        # (conversations.history), which takes an ID only: a #name could not be checked, so the
+        # bot could neither prove a post happened nor safely post again.
+        if not (v[:1] in ("C", "G") and v[1:].isalnum() and v == v.upper() and len(v) >= 3):
+            raise ValueError(f"must be the channel's ID (like C0123ABCDEF, in the channel's About tab), not "
+                             f"{v!r}: the bot checks the channel's history by ID before posting again")
+        return v
+
     @field_validator("approver_users")
     @classmethod
     def _user_ids(cls, v: list[str]) -> list[str]:

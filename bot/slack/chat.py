@@ -3,17 +3,22 @@
 Retried: 429 (after the Retry-After Slack sends), a connection that was never established (the
 request cannot have been processed), and for idempotent methods also 5xx/timeouts. Not
 retried: chat.postMessage after a timeout or a 5xx, because Slack may already have posted it
-and a second post is exactly the duplicate this bot exists to avoid; the incident then stays
-unposted in the store and the sweeper posts it once Slack answers again.
+and a second post is exactly the duplicate this bot exists to avoid. Such a failure is
+`ambiguous` (ChatUnavailable.ambiguous): the poster keeps the post lease and, once it runs out,
+looks for the message's post_key (sent in its metadata) in the channel's history before posting
+again (`find_posted`, bot/app/posting.py). A failure that certainly posted nothing (connection
+refused, a 4xx or `ok: false` answer, 429 after the retries) is not ambiguous.
 """
 
 from __future__ import annotations
 
+import http.client
 import logging
 import socket
 import time
 import urllib.error
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from slack_sdk import WebClient
@@ -30,10 +35,16 @@ from bot.slack.blocks import incident_message, note_message
 log = logging.getLogger(__name__)
 
 # Methods whose repetition does no harm: same result, no duplicate message.
-IDEMPOTENT = {"chat.update", "users.info", "usergroups.users.list", "auth.test", "chat.postEphemeral"}
+IDEMPOTENT = {"chat.update", "users.info", "usergroups.users.list", "auth.test", "chat.postEphemeral",
+              "conversations.history"}
 SERVER_ERRORS = {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 CHANNEL_REFUSED = {"channel_not_found", "not_in_channel", "is_archived", "restricted_action"}
 SLACK_API_URL = "https://slack.com/api/"
+EVENT_TYPE = "vllm_oncall_incident"  # the metadata event type of every incident message
+# find_posted: how far before an attempt's start to look (Slack's clock against ours), and how much
+# history to read at most; a channel busier than that is "cannot tell", never "not posted".
+HISTORY_MARGIN = timedelta(minutes=10)
+HISTORY_PAGE, HISTORY_PAGES = 200, 10
 
 
 def make_client(token: str, base_url: str | None = None, timeout: int = 10) -> WebClient:
@@ -57,7 +68,24 @@ def retry_reason(method: str, exc: BaseException) -> str | None:
         return "connection_refused"
     if isinstance(exc, (TimeoutError, socket.timeout, urllib.error.URLError, ConnectionError)):
         return "timeout" if method in IDEMPOTENT else None
+    if isinstance(exc, http.client.HTTPException):  # an answer cut short (IncompleteRead, BadStatusLine)
+        return "dropped" if method in IDEMPOTENT else None
     return None
+
+
+def may_have_happened(exc: BaseException) -> bool:
+    """Whether Slack may have carried out a call that failed this way (ChatUnavailable.ambiguous).
+
+    No: Slack answered that it did not (4xx, `ok: false`, 429), or the connection was never made.
+    Yes: a 5xx, a timeout, a connection dropped or an answer cut short after the request was sent;
+    and anything not recognised (being wrong that way costs a wait and a look-up, not a duplicate)."""
+    if isinstance(exc, SlackApiError):
+        status = getattr(exc.response, "status_code", None)
+        error = (exc.response.data or {}).get("error") if isinstance(exc.response.data, dict) else None
+        return (status is not None and status >= 500) or error in SERVER_ERRORS
+    if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, (ConnectionRefusedError, socket.gaierror)):
+        return False
+    return not isinstance(exc, (ConnectionRefusedError, socket.gaierror))
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
@@ -81,6 +109,7 @@ class SlackChat:
         self.client = client
         self.redactor = redactor or DEFAULT_REDACTOR  # every message: the built-in rules + the operator's
         self.default_channel = default_channel
+        self._bot: str | None = None  # this bot's bot_id, once asked
         self.metrics = metrics or Metrics()
         # The shared policy; `sleep` is injectable so a test can see the waits without waiting.
         self.retries = RetryPolicy(attempts=max_attempts, initial=backoff_seconds, maximum=10, jitter=0.1,
@@ -98,19 +127,54 @@ class SlackChat:
         try:
             return self.retries.run(fn, reason_of=lambda exc: retry_reason(method, exc),
                                     retry_after_of=retry_after_seconds, on_retry=on_retry, **kwargs)
-        except (SlackApiError, OSError) as exc:
+        except (SlackApiError, OSError, http.client.HTTPException) as exc:
             self.metrics.slack_failures.labels(method).inc()
             detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc
             log.error("Slack %s failed for good: %s", method, detail)
-            raise ChatUnavailable(f"{method}: {detail}", channel_refused=detail in CHANNEL_REFUSED) from exc
+            raise ChatUnavailable(f"{method}: {detail}", channel_refused=detail in CHANNEL_REFUSED,
+                                  ambiguous=may_have_happened(exc)) from exc
 
     # ---- ChatPort ---------------------------------------------------------------------
 
     def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
         text, blocks = incident_message(incident, self.redactor)
+        # The message's identity travels with it, so a later attempt can find it (find_posted).
+        metadata = {"event_type": EVENT_TYPE, "event_payload": {"incident": incident.name,
+                                                                "post_key": incident.post_key}} \
+            if incident.post_key else None
         resp = self.call("chat.postMessage", self.client.chat_postMessage, channel=channel or self.default_channel,
-                         text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
+                         text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
         return MessageRef(channel=resp["channel"], ts=resp["ts"])
+
+    def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
+        """The bot's own top-level message in `channel` whose metadata carries `post_key`, from
+        conversations.history (needs channels:history / groups:history, and a channel ID, not a
+        #name: Settings requires one). At most HISTORY_PAGES pages back to `since` less
+        HISTORY_MARGIN; a longer history raises ChatUnavailable (cannot tell), never None."""
+        channel = channel or self.default_channel
+        bot_id = self._bot_id()
+        oldest = f"{(since - HISTORY_MARGIN).timestamp():.6f}"
+        cursor: str | None = None
+        for _ in range(HISTORY_PAGES):
+            resp = self.call("conversations.history", self.client.conversations_history, channel=channel,
+                             oldest=oldest, limit=HISTORY_PAGE, include_all_metadata=True, cursor=cursor)
+            for message in resp.get("messages") or []:
+                meta = message.get("metadata") or {}
+                payload = meta.get("event_payload") or {}
+                if meta.get("event_type") == EVENT_TYPE and payload.get("post_key") == post_key and (
+                        not bot_id or message.get("bot_id") == bot_id):  # another app cannot pose as ours
+                    return MessageRef(channel=channel, ts=str(message["ts"]))
+            cursor = (resp.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                return None
+        raise ChatUnavailable(f"conversations.history: more than {HISTORY_PAGE * HISTORY_PAGES} messages in "
+                              f"{channel} since the first attempt; cannot tell whether it was posted")
+
+    def _bot_id(self) -> str:
+        """This bot's bot_id (auth.test, asked once): only its own messages count as posted."""
+        if self._bot is None:
+            self._bot = str(self.call("auth.test", self.client.auth_test).get("bot_id") or "")
+        return self._bot
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         text, blocks = incident_message(incident, self.redactor)

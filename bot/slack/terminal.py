@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from datetime import datetime
 from typing import TextIO
 
 from bot.app.records import Incident, MessageRef, Note
@@ -20,6 +21,7 @@ class TerminalChat:
         self.channel = channel
         self._ts = itertools.count(1)
         self.posted: list[tuple[str, str]] = []  # (what, text), for tests and the demo summary
+        self._keys: dict[tuple[str, str], MessageRef] = {}  # (channel, post_key) -> the message printed
 
     def _print(self, banner: str, text: str) -> None:
         self.posted.append((banner, text))
@@ -31,7 +33,13 @@ class TerminalChat:
         ref = MessageRef(channel=channel or self.channel, ts=f"{next(self._ts)}.000000")
         _, blocks = incident_message(incident, self.redactor)
         self._print(f"Message posted to {ref.channel}", blocks_to_text(blocks))
+        if incident.post_key:
+            self._keys[(ref.channel, incident.post_key)] = ref
         return ref
+
+    def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
+        """The terminal never loses an answer, but a process restarted over the same folder looks too."""
+        return self._keys.get((channel or self.channel, post_key))
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         _, blocks = incident_message(incident, self.redactor)

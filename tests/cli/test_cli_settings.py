@@ -138,3 +138,11 @@ def test_serve_check_names_a_missing_permission_in_one_line(kube_api, tmp_path):
     kube_api.fail("list", "vllmincidents", 403)
     err = one_line_error(run_check({**GOOD, "KUBECONFIG": write_kubeconfig(tmp_path / "kubeconfig", kube_api.url)}))
     assert "the Kubernetes API refused the first calls" in err and "may not list vllmincidents" in err
+
+
+@pytest.mark.parametrize("channel", ["#alerts", "alerts", "c0alerts", "C"])
+def test_the_alert_channel_must_be_an_id_the_history_can_be_read_by(channel):
+    with pytest.raises(SettingsError) as err:
+        load_settings({**GOOD, "VLLM_ONCALL_SLACK_CHANNEL": channel})
+    assert str(err.value).startswith("invalid configuration: VLLM_ONCALL_SLACK_CHANNEL: must be the channel's ID")
+    assert load_settings({**GOOD, "VLLM_ONCALL_SLACK_CHANNEL": "G0PRIVATE"}).slack_channel == "G0PRIVATE"

@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 import pytest
@@ -41,7 +41,7 @@ def command_body(text: str, user: str = "U0ASKER", channel: str = "C0HERE") -> s
 
 class Bot:
     def __init__(self, slack: SlackStandIn, folder, ttl: timedelta = timedelta(hours=1), sleep=time.sleep,
-                 diagnose=kv_diagnosis):
+                 diagnose=kv_diagnosis, clock=None):
         self.slack = slack
         self.cluster = FakeCluster()
         self.cluster.add_pod(NS, POD, DEPLOY)
@@ -51,7 +51,8 @@ class Bot:
         self.service = OncallService(self.cluster, FolderIncidentStore(folder), self.chat,
                                      Policy(approver_users=frozenset({APPROVER}),
                                             approver_groups=frozenset({"S0ONCALL"}), proposal_ttl=ttl),
-                                     metrics=self.chat.metrics, diagnose=diagnose)
+                                     metrics=self.chat.metrics, diagnose=diagnose,
+                                     **({"clock": clock} if clock else {}))
         # token verification on: Bolt calls auth.test, which the stand-in answers
         self.app = build_app(self.service, client, signing_secret=SECRET, default_namespace=NS)
 
@@ -217,12 +218,27 @@ def test_update_retries_server_errors_but_post_does_not(bot, slack):
     assert slack.wait_for(lambda: len(slack.delivered("chat.update")) == 2)
 
 
-def test_slack_outage_keeps_the_incident_and_posts_it_later(bot, slack):
-    slack.down = True
+def test_slack_outage_keeps_the_incident_and_posts_it_later(slack, tmp_path):
+    now = [datetime.now(UTC)]
+    bot = Bot(slack, tmp_path, clock=lambda: now[0])
+    slack.down = True  # 503: Slack may have posted it anyway, so the post lease is kept
     incident = bot.service.handle_alert(AlertTarget(namespace=NS, pod=POD))
     assert incident.slack_ts is None and slack.posts() == []
     assert bot.service.store.list(posted="false")[0].name == incident.name
     slack.down = False
+    bot.service.sweep()
+    assert slack.posts() == [], "nobody posts again while the lease of the unclear attempt runs"
+    now[0] += timedelta(seconds=61)
+    bot.service.sweep()  # looks in the channel's history first, finds nothing, posts
+    assert len(slack.attempts("conversations.history")) == 1
+    assert len(slack.posts()) == 1 and bot.service.store.get(incident.name).slack_ts
+
+
+def test_a_post_slack_certainly_refused_is_retried_at_the_next_sweep(bot, slack):
+    slack.fail_next("chat.postMessage", status=429, retry_after=0, times=4)  # rate-limited through all retries
+    incident = bot.service.handle_alert(AlertTarget(namespace=NS, pod=POD))
+    assert incident.slack_ts is None and slack.channel_messages(CHANNEL) == []
+    assert bot.service.store.get(incident.name).post_lease is None  # certainly not posted: released
     bot.service.sweep()
     assert len(slack.posts()) == 1 and bot.service.store.get(incident.name).slack_ts
 

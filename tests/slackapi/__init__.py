@@ -4,12 +4,21 @@ Like bolt-python's tests/mock_web_api_server: the bot's real WebClient talks to 
 and every call is recorded so a test can assert what was posted, updated or told to whom.
 Faults are injected at the wire: `fail_next("chat.postMessage", status=429, retry_after=1)`
 answers the next call with a 429 and a Retry-After header, `down = True` answers 503 to all.
+Faults after the call took effect, like a real Slack that posted and then failed to say so:
+`fail_next(..., status=500, after_commit=True)` posts, then answers 500; `drop=True` posts, then
+closes the connection without an answer; `slow_next("chat.postMessage", 2)` posts, then answers
+after 2 s (a client with a shorter timeout has given up by then); `chaos = Chaos(0.3, seed=1)`
+injects a random mix of these into a share of the calls.
+
+Top-level posts are kept per channel (`messages`) with their metadata, and `conversations.history`
+serves them like Slack: newest first, `oldest`/`latest` bounds, `limit` and cursor pages
+(`response_metadata.next_cursor`), metadata only with `include_all_metadata`.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -29,21 +38,65 @@ class Call:
     at: float = field(default_factory=time.monotonic)
 
 
+    committed: bool = False  # the call took effect (a post exists), whatever the answer said
+
+
 @dataclass
 class Fault:
     status: int
     error: str
     retry_after: float | None
     times: int
+    after_commit: bool = False  # take effect first, then answer the fault
+    drop: bool = False  # (after commit) close the connection without an answer
+    delay: float = 0.0  # (after commit) answer normally, but only after this many seconds
+
+
+FAULT_KINDS = ("before", "after", "drop", "slow")
+
+
+class Chaos:
+    """A seeded share of calls to `methods` fails: before the call took effect (503), after it
+    (500, or the connection dropped), or answered after `slow` seconds. `injected` lists them."""
+
+    def __init__(self, rate: float, seed: int = 0, methods: frozenset[str] = frozenset({"chat.postMessage"}),
+                 kinds: tuple[str, ...] = FAULT_KINDS, slow: float = 1.5):
+        self.rate, self.methods, self.kinds, self.slow = rate, methods, kinds, slow
+        self.random = random.Random(seed)
+        self.injected: list[tuple[str, str]] = []  # (method, kind)
+
+    def pick(self, method: str) -> Fault | None:
+        if method not in self.methods or self.random.random() >= self.rate:
+            return None
+        kind = self.random.choice(self.kinds)
+        self.injected.append((method, kind))
+        if kind == "before":
+            return Fault(503, "service_unavailable", None, 1)
+        return Fault(500, "internal_error", None, 1, after_commit=True, drop=kind == "drop",
+                     delay=self.slow if kind == "slow" else 0.0)
+
+
+@dataclass
+class Answer:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    committed: bool = False
+    drop: bool = False
+    delay: float = 0.0
 
 
 class SlackStandIn:
+    BOT_USER, BOT_ID = "U0BOT", "B0BOT"  # who auth.test says the token is, and who posts
+
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.group_members: dict[str, list[str]] = {}
+        self.messages: dict[str, list[dict[str, Any]]] = {}  # channel -> top-level posts, oldest first
         self.down = False
+        self.chaos: Chaos | None = None
         self._faults: dict[str, list[Fault]] = {}
-        self._ts = itertools.count(1)
+        self._last_ts = 0.0
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -79,9 +132,26 @@ class SlackStandIn:
         return f"http://127.0.0.1:{self._server.server_address[1]}/api/"
 
     def fail_next(self, method: str, status: int = 429, error: str = "ratelimited",
-                  retry_after: float | None = 0, times: int = 1) -> None:
+                  retry_after: float | None = 0, times: int = 1, after_commit: bool = False,
+                  drop: bool = False) -> None:
         with self._lock:
-            self._faults.setdefault(method, []).append(Fault(status, error, retry_after, times))
+            self._faults.setdefault(method, []).append(Fault(status, error, retry_after, times,
+                                                             after_commit=after_commit or drop, drop=drop))
+
+    def slow_next(self, method: str, seconds: float, times: int = 1) -> None:
+        """The next call takes effect at once but is answered only after `seconds`."""
+        with self._lock:
+            self._faults.setdefault(method, []).append(Fault(200, "", None, times, after_commit=True,
+                                                             delay=seconds))
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def channel_messages(self, channel: str) -> list[dict[str, Any]]:
+        """The top-level messages that exist in `channel` (whatever the bot was answered)."""
+        with self._lock:
+            return list(self.messages.get(channel, []))
 
     def delivered(self, method: str) -> list[Call]:
         """Calls of `method` that Slack accepted (HTTP 200 and ok: true)."""
@@ -121,56 +191,115 @@ class SlackStandIn:
             params.update(json.loads(raw))
         elif raw:
             params.update(dict(parse_qsl(raw.decode())))
-        for key in ("blocks", "attachments"):
+        for key in ("blocks", "attachments", "metadata"):
             if isinstance(params.get(key), str):
                 params[key] = json.loads(params[key])
-        status, body, headers = self._answer(method, params, req.headers.get("Authorization", ""))
+        answer = self._answer(method, params, req.headers.get("Authorization", ""))
         with self._lock:
-            self.calls.append(Call(method, params, dict(req.headers.items()), status,
-                                   ok=status == 200 and bool(body.get("ok"))))
-        data = json.dumps(body).encode()
-        req.send_response(status)
-        req.send_header("Content-Type", "application/json; charset=utf-8")
-        req.send_header("Content-Length", str(len(data)))
-        for k, v in headers.items():
-            req.send_header(k, v)
-        req.end_headers()
-        req.wfile.write(data)
+            self.calls.append(Call(method, params, dict(req.headers.items()), answer.status,
+                                   ok=answer.status == 200 and bool(answer.body.get("ok")) and not answer.drop,
+                                   committed=answer.committed))
+        if answer.drop:
+            req.close_connection = True  # the client sees the connection closed without an answer
+            return
+        if answer.delay:
+            time.sleep(answer.delay)
+        data = json.dumps(answer.body).encode()
+        try:
+            req.send_response(answer.status)
+            req.send_header("Content-Type", "application/json; charset=utf-8")
+            req.send_header("Content-Length", str(len(data)))
+            for k, v in answer.headers.items():
+                req.send_header(k, v)
+            req.end_headers()
+            req.wfile.write(data)
+        except OSError:
+            pass  # the client gave up waiting (a slow answer): as with Slack, the call stands
 
-    def _answer(self, method: str, params: dict[str, Any], auth: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def _answer(self, method: str, params: dict[str, Any], auth: str) -> Answer:
         with self._lock:
             if self.down:
-                return 503, {"ok": False, "error": "service_unavailable"}, {}
-            faults = self._faults.get(method) or []
-            if faults:
-                fault = faults[0]
-                fault.times -= 1
-                if fault.times <= 0:
-                    faults.pop(0)
-                headers = {"Retry-After": str(int(fault.retry_after))} if fault.retry_after is not None else {}
-                return fault.status, {"ok": False, "error": fault.error}, headers
-            ts = f"{1700000000 + next(self._ts)}.000100"
+                return Answer(503, {"ok": False, "error": "service_unavailable"})
+            fault = self._take_fault(method)
+        if fault is not None and not fault.after_commit:
+            headers = {"Retry-After": str(int(fault.retry_after))} if fault.retry_after is not None else {}
+            return Answer(fault.status, {"ok": False, "error": fault.error}, headers)
         if not auth.startswith("Bearer xox"):
-            return 200, {"ok": False, "error": "not_authed"}, {}
+            return Answer(200, {"ok": False, "error": "not_authed"})
+        status, body = self._effect(method, params)
+        answer = Answer(status, body, committed=status == 200 and bool(body.get("ok")))
+        if fault is not None:  # after commit
+            answer.drop, answer.delay = fault.drop, fault.delay
+            if not fault.delay:
+                answer.status, answer.body = fault.status, {"ok": False, "error": fault.error}
+        return answer
+
+    def _take_fault(self, method: str) -> Fault | None:
+        faults = self._faults.get(method) or []
+        if faults:
+            fault = faults[0]
+            fault.times -= 1
+            if fault.times <= 0:
+                faults.pop(0)
+            return fault
+        return self.chaos.pick(method) if self.chaos is not None else None
+
+    def _next_ts(self) -> str:
+        """Like Slack's: the post's time (seconds.microseconds), unique and increasing per workspace."""
+        with self._lock:
+            self._last_ts = max(time.time(), self._last_ts + 0.000001)
+            return f"{self._last_ts:.6f}"
+
+    def _post(self, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        channel = str(params.get("channel") or "")
+        ts = self._next_ts()
+        message = {"type": "message", "ts": ts, "user": self.BOT_USER, "bot_id": self.BOT_ID,
+                   "text": params.get("text"), "blocks": params.get("blocks")}
+        if params.get("metadata"):
+            message["metadata"] = params["metadata"]
+        if not params.get("thread_ts"):
+            with self._lock:
+                self.messages.setdefault(channel, []).append(message)
+        return 200, {"ok": True, "channel": channel, "ts": ts,
+                     "message": {k: v for k, v in message.items() if k != "metadata"}}
+
+    def _history(self, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        channel = str(params.get("channel") or "")
+        if channel[:1] not in ("C", "G", "D"):
+            return 200, {"ok": False, "error": "channel_not_found"}  # a #name is not an ID
+        oldest, latest = float(params.get("oldest") or 0), float(params.get("latest") or "inf")
+        limit = max(1, min(int(params.get("limit") or 100), 999))
+        offset = int(str(params.get("cursor") or "offset_0").removeprefix("offset_"))
+        with_metadata = str(params.get("include_all_metadata", "")).lower() in ("1", "true")
+        with self._lock:
+            window = [m for m in reversed(self.messages.get(channel, [])) if oldest < float(m["ts"]) < latest]
+        page = window[offset:offset + limit]
+        more = offset + limit < len(window)
+        messages = [m if with_metadata else {k: v for k, v in m.items() if k != "metadata"} for m in page]
+        return 200, {"ok": True, "messages": messages, "has_more": more,
+                     "response_metadata": {"next_cursor": f"offset_{offset + limit}" if more else ""}}
+
+    def _effect(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if method == "chat.postMessage":
-            return 200, {"ok": True, "channel": params.get("channel"), "ts": ts,
-                         "message": {"text": params.get("text"), "ts": ts}}, {}
+            return self._post(params)
+        if method == "conversations.history":
+            return self._history(params)
         if method == "chat.update":
             return 200, {"ok": True, "channel": params.get("channel"), "ts": params.get("ts"),
-                         "text": params.get("text")}, {}
+                         "text": params.get("text")}
         if method == "chat.postEphemeral":
-            return 200, {"ok": True, "message_ts": ts}, {}
+            return 200, {"ok": True, "message_ts": self._next_ts()}
         if method == "users.info":
             user = params.get("user", "U0")
-            return 200, {"ok": True, "user": {"id": user, "name": f"user-{user.lower()}"}}, {}
+            return 200, {"ok": True, "user": {"id": user, "name": f"user-{user.lower()}"}}
         if method == "usergroups.users.list":
             group = params.get("usergroup", "")
             if group not in self.group_members:
-                return 200, {"ok": False, "error": "no_such_subteam"}, {}
-            return 200, {"ok": True, "users": self.group_members[group]}, {}
+                return 200, {"ok": False, "error": "no_such_subteam"}
+            return 200, {"ok": True, "users": self.group_members[group]}
         if method == "auth.test":
             return 200, {"ok": True, "url": "https://standin.slack.local/", "team": "Stand-in", "user": "vllm-oncall",
-                         "team_id": "T0STANDIN", "user_id": "U0BOT", "bot_id": "B0BOT"}, {}
+                         "team_id": "T0STANDIN", "user_id": self.BOT_USER, "bot_id": self.BOT_ID}
         if method == "views.open":
-            return 200, {"ok": True, "view": {"id": "V0VIEW", "type": "modal"}}, {}
-        return 200, {"ok": False, "error": "unknown_method"}, {}
+            return 200, {"ok": True, "view": {"id": "V0VIEW", "type": "modal"}}
+        return 200, {"ok": False, "error": "unknown_method"}
