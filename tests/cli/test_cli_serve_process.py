@@ -64,6 +64,12 @@ def test_serve_process_takes_an_alert_to_slack(slack, tmp_path):
         # the stand-in records the post before the bot has read Slack's answer and counted it
         assert slack.wait_for(lambda: "vllm_oncall_incidents_posted_total 1.0" in get(base + "/metrics")[1], 30)
         assert get(base + "/metrics")[0] == 200
+        # posted once, carrying the identity it was stored with (nothing to recover on a clean post)
+        [message] = slack.channel_messages("C0ALERTS")
+        [record] = [json.loads(p.read_text()) for p in (tmp_path / "state").rglob("*.json")]
+        assert message["ts"] == record["slack_ts"] and message["metadata"]["event_payload"] == {
+            "incident": record["name"], "post_key": record["post_key"]}
+        assert "vllm_oncall_posts_recovered_total 0.0" in get(base + "/metrics")[1]
         proc.terminate()  # SIGTERM, as Kubernetes sends it
         assert proc.wait(15) == 0
     finally:

@@ -39,6 +39,7 @@ class Call:
 
 
     committed: bool = False  # the call took effect (a post exists), whatever the answer said
+    delay: float = 0.0  # answered only after this many seconds (a client may have given up)
 
 
 @dataclass
@@ -198,7 +199,7 @@ class SlackStandIn:
         with self._lock:
             self.calls.append(Call(method, params, dict(req.headers.items()), answer.status,
                                    ok=answer.status == 200 and bool(answer.body.get("ok")) and not answer.drop,
-                                   committed=answer.committed))
+                                   committed=answer.committed, delay=answer.delay))
         if answer.drop:
             req.close_connection = True  # the client sees the connection closed without an answer
             return
