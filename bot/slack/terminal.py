@@ -38,7 +38,8 @@ class TerminalChat:
         return ref
 
     def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
-        """The terminal never loses an answer, but a process restarted over the same folder looks too."""
+        """What this process printed with `post_key` (the terminal never loses an answer, so only a
+        post this process made can be found; after a restart nothing is, and it prints again)."""
         return self._keys.get((channel or self.channel, post_key))
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
