@@ -37,15 +37,18 @@ class RetryEvent:
 @dataclass
 class RetryPolicy:
     """attempts: total tries. Backoff: exponential from `initial`, capped at `maximum`, plus up to
-    `jitter` seconds. A server's Retry-After is honoured up to `max_retry_after`. `sleep` is
-    injectable so tests can record waits instead of sleeping."""
+    `jitter` seconds. A server's Retry-After is honoured up to `max_retry_after`. `budget`: seconds
+    from the first attempt after which no new attempt starts (None: attempts alone bound it).
+    `sleep` and `clock` are injectable so tests can record waits instead of sleeping."""
 
     attempts: int = 5
     initial: float = 0.5
     maximum: float = 10.0
     jitter: float = 0.5
     max_retry_after: float = 60.0
+    budget: float | None = None
     sleep: Callable[[float], None] = field(default=time.sleep)
+    clock: Callable[[], float] = field(default=time.monotonic)
 
     def run(self, fn: Callable[..., T], *args: Any, reason_of: Callable[[BaseException], str | None],
             retry_after_of: Callable[[BaseException], float | None] = lambda exc: None,
@@ -66,7 +69,14 @@ class RetryPolicy:
                                 wait_seconds=state.next_action.sleep if state.next_action else 0.0,
                                 retry_after=retry_after_of(exc)))
 
-        retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(self.attempts), wait=wait,
+        started = self.clock()
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            # tenacity computes the wait before asking whether to stop, so upcoming_sleep is known here
+            over = self.budget is not None and self.clock() - started + (state.upcoming_sleep or 0) > self.budget
+            return state.attempt_number >= self.attempts or over
+
+        retrying = tenacity.Retrying(stop=stop, wait=wait,
                                      retry=tenacity.retry_if_exception(lambda e: reason_of(e) is not None),
                                      before_sleep=before_sleep, sleep=self.sleep, reraise=True)
         return retrying(fn, *args, **kwargs)

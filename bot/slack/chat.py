@@ -12,6 +12,7 @@ refused, a 4xx or `ok: false` answer, 429 after the retries) is not ambiguous.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import logging
 import socket
@@ -44,10 +45,14 @@ EVENT_TYPE = "vllm_oncall_incident"  # the metadata event type of every incident
 # find_posted: how far before an attempt's start to look (Slack's clock against ours), and how much
 # history to read at most; a channel busier than that is "cannot tell", never "not posted".
 HISTORY_MARGIN = timedelta(minutes=10)
+# Retries of one incident post stop starting after this many seconds; with the client's 10 s
+# timeout a post ends within 40 s, inside the 60 s post lease (tests/slack/test_slack.py checks it).
+POST_BUDGET_SECONDS = 30.0
+CLIENT_TIMEOUT_SECONDS = 10
 HISTORY_PAGE, HISTORY_PAGES = 200, 10
 
 
-def make_client(token: str, base_url: str | None = None, timeout: int = 10) -> WebClient:
+def make_client(token: str, base_url: str | None = None, timeout: int = CLIENT_TIMEOUT_SECONDS) -> WebClient:
     """A WebClient without slack_sdk's own retry handlers: retries happen (and are counted) here."""
     return WebClient(token=token, base_url=base_url or SLACK_API_URL, timeout=timeout, retry_handlers=[])
 
@@ -105,7 +110,8 @@ class SlackChat:
     def __init__(self, client: WebClient, default_channel: str, metrics: Metrics | None = None,
                  max_attempts: int = 5, max_retry_after_seconds: float = 60,
                  backoff_seconds: float = 0.5, sleep: Callable[[float], None] = time.sleep,
-                 redactor: Redactor | None = None):
+                 redactor: Redactor | None = None, post_budget_seconds: float = POST_BUDGET_SECONDS,
+                 clock: Callable[[], float] = time.monotonic):
         self.client = client
         self.redactor = redactor or DEFAULT_REDACTOR  # every message: the built-in rules + the operator's
         self.default_channel = default_channel
@@ -113,11 +119,14 @@ class SlackChat:
         self.metrics = metrics or Metrics()
         # The shared policy; `sleep` is injectable so a test can see the waits without waiting.
         self.retries = RetryPolicy(attempts=max_attempts, initial=backoff_seconds, maximum=10, jitter=0.1,
-                                   max_retry_after=max_retry_after_seconds, sleep=sleep)
+                                   max_retry_after=max_retry_after_seconds, sleep=sleep, clock=clock)
+        # An incident's post must end inside its post lease (bot/app/posting.py POST_LEASE): after
+        # that another replica may take the lease and post, so retrying past it risks a duplicate.
+        self.post_retries = dataclasses.replace(self.retries, budget=post_budget_seconds)
 
     # ---- the one place every Web API call goes through ----------------------------------
 
-    def call(self, method: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+    def call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None = None, **kwargs: Any) -> Any:
         def on_retry(event: RetryEvent) -> None:
             self.metrics.slack_retries.labels(method, event.reason).inc()
             capped = f" (Retry-After {event.retry_after:.0f}s capped)" if event.capped else ""
@@ -125,7 +134,7 @@ class SlackChat:
                         event.attempt, event.attempts - 1, capped)
 
         try:
-            return self.retries.run(fn, reason_of=lambda exc: retry_reason(method, exc),
+            return (policy or self.retries).run(fn, reason_of=lambda exc: retry_reason(method, exc),
                                     retry_after_of=retry_after_seconds, on_retry=on_retry, **kwargs)
         except (SlackApiError, OSError, http.client.HTTPException) as exc:
             self.metrics.slack_failures.labels(method).inc()
@@ -142,7 +151,8 @@ class SlackChat:
         metadata = {"event_type": EVENT_TYPE, "event_payload": {"incident": incident.name,
                                                                 "post_key": incident.post_key}} \
             if incident.post_key else None
-        resp = self.call("chat.postMessage", self.client.chat_postMessage, channel=channel or self.default_channel,
+        resp = self.call("chat.postMessage", self.client.chat_postMessage, policy=self.post_retries,
+                         channel=channel or self.default_channel,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
         return MessageRef(channel=resp["channel"], ts=resp["ts"])
 

@@ -20,12 +20,13 @@ from slack_bolt.request import BoltRequest
 from slackapi import SlackStandIn
 from slackapi.requests import CHANNEL, SECRET, click_body, click_payload, decision_value, signed_headers
 
+from bot.app.posting import POST_LEASE
 from bot.app.records import AlertTarget, MessageRef
 from bot.app.service import OncallService, Policy
 from bot.http.server import BotServer
 from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
-from bot.slack.chat import SlackChat, make_client
+from bot.slack.chat import CLIENT_TIMEOUT_SECONDS, POST_BUDGET_SECONDS, SlackChat, make_client
 from bot.slack.payloads import ButtonClick, PayloadError, SlashCommand, click_origin, read
 
 NS, DEPLOY, POD = "inference", "vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p"
@@ -206,6 +207,35 @@ def test_429_is_retried_after_retry_after(slack, tmp_path):
     assert waits == [7.0]  # exactly what Slack's Retry-After header asked for
     assert bot.chat.metrics.slack_retries.labels("chat.postMessage", "ratelimited")._value.get() == 1
     assert incident.slack_ts
+
+
+def test_a_rate_limited_post_gives_up_inside_its_post_lease_and_is_posted_once_later(slack, tmp_path):
+    """Retrying a post past its lease would let another replica take the lease and post too."""
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:  # time passes only when the retry waits
+        now[0] += seconds
+
+    wall = [datetime.now(UTC)]
+    bot = Bot(slack, tmp_path, clock=lambda: wall[0])
+    bot.chat = SlackChat(make_client("xoxb-test-token", slack.url), CHANNEL, max_attempts=5, sleep=sleep,
+                         clock=lambda: now[0], metrics=bot.chat.metrics)
+    bot.service = OncallService(bot.cluster, bot.service.store, bot.chat, bot.service.policy,
+                                metrics=bot.chat.metrics, diagnose=kv_diagnosis, clock=lambda: wall[0])
+    slack.fail_next("chat.postMessage", status=429, retry_after=12, times=10)
+    incident = bot.service.handle_alert(AlertTarget(namespace=NS, pod=POD))
+    # 0 s, 12 s, 24 s; a fourth attempt would start at 36 s, past the 30 s budget
+    assert len(slack.attempts("chat.postMessage")) == 3 and now[0] == 24
+    assert incident.slack_ts is None and slack.channel_messages(CHANNEL) == []
+    assert now[0] + CLIENT_TIMEOUT_SECONDS < POST_LEASE.total_seconds(), "the whole post ends inside its lease"
+    assert bot.service.store.get(incident.name).post_lease is None  # a 429 certainly posted nothing
+    slack.clear_faults()
+    bot.service.sweep()
+    assert len(slack.channel_messages(CHANNEL)) == 1 and bot.service.store.get(incident.name).slack_ts
+
+
+def test_the_post_budget_and_client_timeout_fit_the_post_lease():
+    assert POST_BUDGET_SECONDS + CLIENT_TIMEOUT_SECONDS < POST_LEASE.total_seconds()
 
 
 def test_update_retries_server_errors_but_post_does_not(bot, slack):
