@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -266,7 +267,7 @@ def check_dependencies(settings) -> str:
 
         for name, context in settings.contexts.items():
             of = f" of cluster {name} (context {context})" if settings.clusters else ""
-            client = api_client(context)
+            client = api_client(context, kubeconfig_of(settings))
             check_reachable(client)
             cluster, store = _cluster_and_store(settings, books, client, name=name)
             try:
@@ -276,6 +277,13 @@ def check_dependencies(settings) -> str:
             lines.append(f"kubernetes OK{of.replace(' of', ':', 1) if of else ''}: the API server answers "
                          "and the bot may read what it needs")
     return "\n".join(lines)
+
+
+def kubeconfig_of(settings) -> str | None:
+    """Several clusters: the kubeconfig their contexts are in, read now (the kubernetes client
+    reads KUBECONFIG once, at import). One cluster: None, so in a pod the service account is
+    used as it always was."""
+    return os.environ.get("KUBECONFIG") or None if settings.clusters else None
 
 
 def _one_line_error(exc: Exception) -> str:
@@ -296,7 +304,7 @@ def _cluster_and_store(settings, books, client=None, redactor=None, name: str | 
     if client is None and (settings.cluster_source == "kube" or settings.store == "kube"):
         from bot.cli.access import api_client
 
-        client = api_client(settings.contexts[name])
+        client = api_client(settings.contexts[name], kubeconfig_of(settings))
     if settings.cluster_source == "local":
         from bot.local.cluster import LocalCluster
 
