@@ -69,7 +69,8 @@ class ClusterRouter:
         return self.default.metrics  # shared by every service
 
     def __iter__(self) -> Iterator[OncallService]:
-        return iter(self.services.values())
+        """The services, the default first."""
+        return (self.services[name] for name in self.names)
 
     def __len__(self) -> int:
         return len(self.services)
@@ -123,7 +124,8 @@ class ClusterRouter:
 
     def sweep(self) -> None:
         """Every cluster's sweep; a cluster whose sweep fails is logged and the others still run."""
-        for service in self.services.values():
+        for name in self.names:  # the default first
+            service = self.services[name]
             try:
                 service.sweep()
             except Exception:

@@ -402,8 +402,10 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                        readiness_checks={"slack": chat.check, **_kubernetes_checks(settings, router)},
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds,
                        cluster_label=settings.cluster_label)
-    for service in router:
-        start_watch(settings, service.cluster, service)
+    for service in router:  # one pod watch per cluster, stopped with the server
+        watch = start_watch(settings, service.cluster, service)
+        if watch is not None:
+            server.on_stop.append(watch.stop)
     socket_handler = None
     if settings.slack_app_token:
         from slack_bolt.adapter.socket_mode import SocketModeHandler

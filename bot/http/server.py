@@ -116,6 +116,7 @@ class BotServer:
         self._ready = threading.Event()
         self._open: set[asyncio.StreamWriter] = set()
         self._threads: list[threading.Thread] = []
+        self.on_stop: list[Callable[[], object]] = []  # e.g. the pod watches, stopped with the server
 
     @property
     def url(self) -> str:
@@ -156,6 +157,8 @@ class BotServer:
                 if thread.name == "http":
                     thread.join(10)
         self.sock.close()
+        for stop in self.on_stop:
+            stop()
         self.executor.shutdown()
         self.handlers.shutdown(wait=False, cancel_futures=True)
         self.followups.shutdown(wait=False, cancel_futures=True)

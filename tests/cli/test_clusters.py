@@ -253,3 +253,29 @@ def test_the_sweep_runs_in_every_cluster_and_one_cluster_down_does_not_stop_the_
         assert slack.wait_for(lambda: len(world.posted_in("beta")) == 1, 20), "beta's sweep never posted"
     finally:
         world.stop()
+
+
+def crash_again(kube, pod: str) -> None:
+    """What the kubelet does at the next termination: a restart, a new lastState.terminated."""
+    def mutate(obj: dict) -> None:
+        cs = obj["status"]["containerStatuses"][0]
+        cs["restartCount"] = cs.get("restartCount", 0) + 1
+        cs["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-11-30T06:00:00Z",
+                                          "finishedAt": "2026-11-30T06:01:30Z"}}
+    kube.edit("Pod", pod, NS, mutate)
+
+
+def test_the_pod_watch_runs_in_every_cluster_and_a_crash_opens_the_incident_in_its_own(kube_api, kube_api_b, slack,
+                                                                                      tmp_path, monkeypatch):
+    world = TwoClusters(kube_api, kube_api_b, slack, tmp_path, monkeypatch, VLLM_ONCALL_WATCH="true",
+                        VLLM_ONCALL_WATCH_NAMESPACES=NS)
+    try:
+        assert kube_api.wait_for_watchers(1, timeout=30) and kube_api_b.wait_for_watchers(1, timeout=30)
+        crash_again(kube_api_b, world.pods["beta"])
+        assert slack.wait_for(lambda: len(world.posted_in("beta")) == 1, 30), "beta's crash was not posted"
+        assert len(world.incidents("beta")) == 1 and world.incidents("alpha") == []
+        crash_again(kube_api, world.pods["alpha"])
+        assert slack.wait_for(lambda: len(world.posted_in("alpha")) == 1, 30), "alpha's crash was not posted"
+        assert len(world.incidents("alpha")) == 1 and len(world.incidents("beta")) == 1
+    finally:
+        world.stop()
