@@ -82,9 +82,15 @@ def require(tool: str, install_hint: str = "") -> str:
 def kubeconfig_for(server: str, path: Path) -> str:
     """A kubeconfig file naming `server` (a stand-in's URL, or one nothing listens on), as a
     user's ~/.kube/config would; returns its path."""
+    return kubeconfig_with({"stand-in": server}, path)
+
+
+def kubeconfig_with(servers: dict[str, str], path: Path) -> str:
+    """A kubeconfig with one context per entry (context name -> server URL), the first one
+    current, as one kubeconfig Secret for several clusters would be; returns its path."""
     path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
-        "clusters": [{"name": "stand-in", "cluster": {"server": server}}],
+        "apiVersion": "v1", "kind": "Config", "current-context": next(iter(servers)),
+        "clusters": [{"name": name, "cluster": {"server": server}} for name, server in servers.items()],
         "users": [{"name": "bot", "user": {"token": "not-a-secret"}}],
-        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "bot"}}]}))
+        "contexts": [{"name": name, "context": {"cluster": name, "user": "bot"}} for name in servers]}))
     return str(path)

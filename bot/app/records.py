@@ -147,3 +147,4 @@ class AlertTarget(BaseModel):
     container: str | None = None
     firing: bool = True
     received_at: float | None = None  # time.monotonic() when the bot received it
+    cluster: str | None = None  # the served cluster it was routed to (bot.app.router); None: the default

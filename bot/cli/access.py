@@ -7,6 +7,7 @@ ClusterAccessError line, within a few seconds instead of a long retry loop.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,7 +29,7 @@ def api_client(context: str | None = None, kubeconfig: str | None = None):
 
     where = kubeconfig or "the kubeconfig (KUBECONFIG or ~/.kube/config)"
     try:
-        if kubeconfig and not isinstance(yaml.safe_load(Path(kubeconfig).read_text(encoding="utf-8")), dict):
+        if kubeconfig and os.pathsep not in kubeconfig and not isinstance(yaml.safe_load(Path(kubeconfig).read_text(encoding="utf-8")), dict):
             raise ClusterAccessError(f"{where}: not a kubeconfig (expected a YAML mapping with clusters, "
                                      "contexts and users)")
         return api_client_from_environment(context, kubeconfig)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -193,11 +194,19 @@ def _summary(settings) -> str:
     store_desc = (f"vllmincidents in namespace {settings.incident_namespace_or_default()}"
                   if settings.store == "kube" else f"folder {settings.state_dir / 'incidents'}")
     approvers = ", ".join(settings.approver_users + settings.approver_groups) or "none"
-    return (f"cluster {settings.cluster_name}; mode {settings.mode}; Slack via {mode}, channel "
+    return (f"{_clusters_summary(settings)}; mode {settings.mode}; Slack via {mode}, channel "
             f"{settings.slack_channel}; incidents: {store_desc}; approvers: {approvers}; "
             f"alerts: {', '.join(settings.alertnames)} on {settings.listen}/alerts"
             f"{' (bearer token required)' if settings.alert_token else ''}"
             f"{_watch_summary(settings)}")
+
+
+def _clusters_summary(settings) -> str:
+    if not settings.clusters:
+        return f"cluster {settings.cluster_name}"
+    served = ", ".join(f"{name} (context {context})" for name, context in settings.contexts.items())
+    return (f"clusters {served}; default {settings.cluster_name}; alerts routed by their "
+            f"{settings.cluster_label!r} label")
 
 
 def _watch_summary(settings) -> str:
@@ -235,7 +244,9 @@ def start_watch(settings, cluster, service):  # -> PodWatch | None
     watch_settings = WatchSettings(namespaces=tuple(settings.watch_namespaces),
                                    label_selector=settings.watch_label_selector)
     watcher = PodWatch(cluster.api, lambda crash: service.handle_alert(as_alert(crash)), watch_settings)
-    logging.getLogger(__name__).info("pod watch started%s", _watch_summary(settings).removeprefix("; pod watch on"))
+    of = f" in cluster {cluster.name}" if settings.clusters else ""
+    logging.getLogger(__name__).info("pod watch started%s%s", of,
+                                     _watch_summary(settings).removeprefix("; pod watch on"))
     return watcher.start()
 
 
@@ -254,15 +265,25 @@ def check_dependencies(settings) -> str:
     if settings.store == "kube" or settings.cluster_source == "kube":
         from bot.cli.access import api_client, check_reachable
 
-        client = api_client(settings.kube_context)
-        check_reachable(client)
-        cluster, store = _cluster_and_store(settings, books, client)
-        try:
-            kubernetes_answers(settings, cluster, store)
-        except Exception as exc:  # one line whatever the client raised; the class names the kind
-            raise CheckFailed(f"the Kubernetes API refused the first calls: {_one_line_error(exc)}") from None
-        lines.append("kubernetes OK: the API server answers and the bot may read what it needs")
+        for name, context in settings.contexts.items():
+            of = f" of cluster {name} (context {context})" if settings.clusters else ""
+            client = api_client(context, kubeconfig_of(settings))
+            check_reachable(client)
+            cluster, store = _cluster_and_store(settings, books, client, name=name)
+            try:
+                kubernetes_answers(settings, cluster, store)
+            except Exception as exc:  # one line whatever the client raised; the class names the kind
+                raise CheckFailed(f"the Kubernetes API{of} refused the first calls: {_one_line_error(exc)}") from None
+            lines.append(f"kubernetes OK{of.replace(' of', ':', 1) if of else ''}: the API server answers "
+                         "and the bot may read what it needs")
     return "\n".join(lines)
+
+
+def kubeconfig_of(settings) -> str | None:
+    """Several clusters: the kubeconfig their contexts are in, read now (the kubernetes client
+    reads KUBECONFIG once, at import). One cluster: None, so in a pod the service account is
+    used as it always was."""
+    return os.environ.get("KUBECONFIG") or None if settings.clusters else None
 
 
 def _one_line_error(exc: Exception) -> str:
@@ -270,26 +291,29 @@ def _one_line_error(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _cluster_and_store(settings, books, client=None, redactor=None) -> tuple[ClusterPort, IncidentStore]:
-    """The ClusterPort and IncidentStore the settings name (one API client for both)."""
+def _cluster_and_store(settings, books, client=None, redactor=None, name: str | None = None
+                       ) -> tuple[ClusterPort, IncidentStore]:
+    """The ClusterPort and IncidentStore of cluster `name` (default: the default cluster) the
+    settings name, one API client (its kubeconfig context) for both: a cluster's incidents are
+    stored in that cluster."""
     cluster: ClusterPort
     store: IncidentStore
     from bot.local.store import FolderIncidentStore
 
+    name = name or settings.cluster_name
     if client is None and (settings.cluster_source == "kube" or settings.store == "kube"):
         from bot.cli.access import api_client
 
-        client = api_client(settings.kube_context)
+        client = api_client(settings.contexts[name], kubeconfig_of(settings))
     if settings.cluster_source == "local":
         from bot.local.cluster import LocalCluster
 
-        cluster = LocalCluster(settings.bundle_dir, settings.state_dir / "cluster", name=settings.cluster_name,
-                               playbooks=books)
+        cluster = LocalCluster(settings.bundle_dir, settings.state_dir / "cluster", name=name, playbooks=books)
     else:
         from bot.kube.api import KubeApi
         from bot.kube.live import LiveCluster
 
-        cluster = LiveCluster(KubeApi(client), name=settings.cluster_name, playbooks=books)
+        cluster = LiveCluster(KubeApi(client), name=name, playbooks=books)
     if settings.store == "kube":
         from bot.kube.api import KubeApi
         from bot.kube.incidents import KubeIncidentStore
@@ -337,7 +361,7 @@ def kubernetes_answers(settings, cluster, store) -> None:
     from bot.app.ports import PodNotFound
 
     if settings.store == "kube":
-        store.list(cluster=settings.cluster_name)
+        store.list(cluster=cluster.name)
     elif settings.cluster_source == "kube":
         try:
             cluster.resolve_pod(settings.default_namespace, "vllm-oncall-readiness-check")
@@ -347,10 +371,10 @@ def kubernetes_answers(settings, cluster, store) -> None:
 
 def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     """Wire the real pieces from settings. Separate from run_serve so it can be reasoned about
-    (and started) without a terminal."""
+    (and started) without a terminal. One OncallService per cluster served (VLLM_ONCALL_CLUSTERS,
+    else the one cluster), sharing the chat, the policy and the metrics, behind one ClusterRouter."""
     from bot.app.metrics import Metrics
-    from bot.app.policy import parse_scopes
-    from bot.app.service import OncallService, Policy
+    from bot.app.router import ClusterRouter
     from bot.cli.books import load_books
     from bot.diagnosis.redact import Redactor
     from bot.http.server import BotServer
@@ -366,31 +390,59 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     chat = SlackChat(client, settings.slack_channel, metrics, max_attempts=settings.slack_max_attempts,
                      max_retry_after_seconds=settings.slack_max_retry_after_seconds, redactor=redactor)
     books = load_books(settings.playbooks)  # None: the bundled playbooks, as always
-    cluster, store = _cluster_and_store(settings, books, redactor=redactor)
-    policy = Policy(approver_users=frozenset(settings.approver_users),
-                    proposals_only=settings.mode == "proposals-only",
-                    approver_groups=frozenset(settings.approver_groups),
-                    approver_scopes=parse_scopes(settings.approver_scopes),
-                    why_scope=settings.why_scope, alert_channel=settings.slack_channel,
-                    proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
-                    verify_timeout_seconds=settings.verify_timeout_seconds,
-                    default_namespace=settings.default_namespace, redactor=redactor)
-    service = OncallService(cluster, store, chat, policy, metrics, **_diagnose_kw(books),
-                            verify_steps=verify_steps(settings, cluster))
-    _wire_commentary(service, metrics, redactor)
-    app = build_app(service, client, signing_secret=settings.slack_signing_secret,
+    policy = _policy(settings, redactor)
+    router = ClusterRouter([_cluster_service(settings, name, books, chat, policy, metrics, redactor)
+                            for name in settings.contexts], default=settings.cluster_name)
+    app = build_app(router, client, signing_secret=settings.slack_signing_secret,
                     token_verification_enabled=False, default_namespace=settings.default_namespace)
     host, port = settings.host_port
-    server = BotServer(service, alert_token=settings.alert_token, alertnames=settings.alertnames,
+    server = BotServer(router, alert_token=settings.alert_token, alertnames=settings.alertnames,
                        workers=settings.workers, queue_size=settings.queue_size,
                        bolt_app=None if settings.slack_app_token else app,
-                       readiness_checks={"slack": chat.check,
-                                         "kubernetes": lambda: kubernetes_answers(settings, cluster, store)},
-                       host=host, port=port, sweep_interval=settings.sweep_interval_seconds)
-    start_watch(settings, cluster, service)
+                       readiness_checks={"slack": chat.check, **_kubernetes_checks(settings, router)},
+                       host=host, port=port, sweep_interval=settings.sweep_interval_seconds,
+                       cluster_label=settings.cluster_label)
+    for service in router:  # one pod watch per cluster, stopped with the server
+        watch = start_watch(settings, service.cluster, service)
+        if watch is not None:
+            server.on_stop.append(watch.stop)
     socket_handler = None
     if settings.slack_app_token:
         from slack_bolt.adapter.socket_mode import SocketModeHandler
 
         socket_handler = SocketModeHandler(app, settings.slack_app_token)
     return server, socket_handler
+
+
+def _policy(settings, redactor):  # -> Policy
+    from bot.app.policy import parse_scopes
+    from bot.app.service import Policy
+
+    return Policy(approver_users=frozenset(settings.approver_users),
+                  proposals_only=settings.mode == "proposals-only",
+                  approver_groups=frozenset(settings.approver_groups),
+                  approver_scopes=parse_scopes(settings.approver_scopes),
+                  why_scope=settings.why_scope, alert_channel=settings.slack_channel,
+                  proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
+                  verify_timeout_seconds=settings.verify_timeout_seconds,
+                  default_namespace=settings.default_namespace, redactor=redactor)
+
+
+def _cluster_service(settings, name, books, chat, policy, metrics, redactor):  # -> OncallService
+    """Cluster `name`'s service: its ClusterPort and its IncidentStore (in that cluster)."""
+    from bot.app.service import OncallService
+
+    cluster, store = _cluster_and_store(settings, books, redactor=redactor, name=name)
+    service = OncallService(cluster, store, chat, policy, metrics, **_diagnose_kw(books),
+                            verify_steps=verify_steps(settings, cluster))
+    _wire_commentary(service, metrics, redactor)
+    return service
+
+
+def _kubernetes_checks(settings, router) -> dict:
+    """/readyz: every cluster's API answers ("kubernetes", or "kubernetes CLUSTER" for each of several)."""
+    def check(service):
+        return lambda: kubernetes_answers(settings, service.cluster, service.store)
+    if len(router) == 1:
+        return {"kubernetes": check(router.default)}
+    return {f"kubernetes {service.cluster.name}": check(service) for service in router}

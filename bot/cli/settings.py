@@ -9,6 +9,7 @@ once and names the variable, so a broken deployment says everything that is wron
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # setting name -> environment variable. Slack's own variables keep Slack's usual names.
 ENV_VARS: dict[str, str] = {
     "cluster_name": "VLLM_ONCALL_CLUSTER",
+    "clusters": "VLLM_ONCALL_CLUSTERS",
+    "cluster_label": "VLLM_ONCALL_CLUSTER_LABEL",
     "slack_bot_token": "SLACK_BOT_TOKEN",
     "slack_app_token": "SLACK_APP_TOKEN",
     "slack_signing_secret": "SLACK_SIGNING_SECRET",
@@ -61,6 +64,7 @@ FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower()
 CONFIG_FILE_VAR = "VLLM_ONCALL_CONFIG"
 LIST_SETTINGS = {"approver_users", "approver_groups", "alertnames", "playbooks", "watch_namespaces"}
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+CLUSTER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS label: it starts incident names
 
 
 class SettingsError(ValueError):
@@ -77,7 +81,11 @@ class SettingsError(ValueError):
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cluster_name: str = Field(min_length=1, max_length=63)
+    cluster_name: str = Field(min_length=1, max_length=63)  # with `clusters`: the default one
+    # Several clusters in one process (bot.app.router): cluster name -> kubeconfig context, e.g.
+    # `prod-eu=ctx-eu,prod-us=ctx-us`. Empty: the one cluster of cluster_name and kube_context.
+    clusters: dict[str, str] = Field(default_factory=dict)
+    cluster_label: str = "cluster"  # the alert label naming the cluster (Alertmanager's usual one)
     slack_bot_token: str
     slack_app_token: str | None = None
     slack_signing_secret: str | None = None
@@ -187,6 +195,13 @@ class Settings(BaseModel):
             raise ValueError(str(exc)) from None
         return v
 
+    @field_validator("cluster_label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be a Prometheus label name (letters, digits, _), e.g. cluster")
+        return v
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
@@ -209,9 +224,34 @@ class Settings(BaseModel):
             problems.append(f"{ENV_VARS['watch']}: needs {ENV_VARS['cluster_source']}=kube (it watches pods)")
         if self.cluster_source == "local" and self.bundle_dir is None:
             problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
+        problems += self._cluster_combinations()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _cluster_combinations(self) -> list[str]:
+        if not self.clusters:
+            return []
+        var, problems = ENV_VARS["clusters"], []
+        if self.cluster_source != "kube":
+            problems.append(f"{var}: needs {ENV_VARS['cluster_source']}=kube (each cluster is a kubeconfig context)")
+        if self.store != "kube":
+            problems.append(f"{var}: needs {ENV_VARS['store']}=kube (each cluster keeps its own incidents)")
+        if self.kube_context:
+            problems.append(f"{ENV_VARS['kube_context']}: not with {var} (there each cluster names its context)")
+        if self.cluster_name not in self.clusters:
+            problems.append(f"{ENV_VARS['cluster_name']}: the default cluster must be one of {var} "
+                            f"({', '.join(self.clusters)}), not {self.cluster_name!r}")
+        return problems
+
+    @property
+    def contexts(self) -> dict[str, str | None]:
+        """Every cluster served -> its kubeconfig context (None: in-cluster or the current one),
+        the default cluster first."""
+        if not self.clusters:
+            return {self.cluster_name: self.kube_context}
+        return {self.cluster_name: self.clusters[self.cluster_name],
+                **{n: c for n, c in self.clusters.items() if n != self.cluster_name}}
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -285,6 +325,13 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
             raw[name] = _split_list(raw[name])
     if isinstance(raw.get("redact_patterns"), str):  # a single pattern in the file
         raw["redact_patterns"] = [raw["redact_patterns"]]
+    if raw.get("clusters"):
+        raw["clusters"], bad = parse_clusters(raw["clusters"])
+        problems.extend(bad)
+        if raw["clusters"] and not raw.get("cluster_name"):  # the default: the first one named
+            raw["cluster_name"] = next(iter(raw["clusters"]))
+        if raw["clusters"] and raw.get("cluster_source", "kube") == "kube":
+            problems.extend(missing_contexts(raw["clusters"], env))
     try:
         settings = Settings(**raw)
     except ValidationError as exc:
@@ -293,6 +340,53 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     if problems:
         raise SettingsError(problems)
     return settings
+
+
+def parse_clusters(value: Any) -> tuple[dict[str, str], list[str]]:
+    """VLLM_ONCALL_CLUSTERS: `NAME=CONTEXT,NAME=CONTEXT` (or, in the file, a mapping) -> the
+    valid pairs, and one line per problem."""
+    var = ENV_VARS["clusters"]
+    if isinstance(value, Mapping):
+        pairs = [(str(k), "" if v is None else str(v)) for k, v in value.items()]
+    elif isinstance(value, str):
+        pairs = [(n.strip(), c.strip()) if sep else (part, "") for part in _split_list(value)
+                 for n, sep, c in [part.partition("=")]]
+    else:
+        return {}, [f"{var}: expected NAME=CONTEXT pairs, e.g. prod-eu=ctx-eu,prod-us=ctx-us"]
+    out: dict[str, str] = {}
+    problems = []
+    for name, context in pairs:
+        if not context:
+            problems.append(f"{var}: {name!r} is not NAME=CONTEXT (a cluster name and its kubeconfig context)")
+        elif not CLUSTER_NAME.fullmatch(name):
+            problems.append(f"{var}: cluster name {name!r} must be a DNS label (lower-case letters, digits "
+                            "and '-', at most 63 characters)")
+        elif name in out:
+            problems.append(f"{var}: cluster name {name!r} is given twice")
+        else:
+            out[name] = context
+    return out, problems
+
+
+def missing_contexts(clusters: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+    """One line per cluster whose context is in no kubeconfig file (KUBECONFIG, else ~/.kube/config)."""
+    var = ENV_VARS["clusters"]
+    paths = [p for p in (env.get("KUBECONFIG") or "").split(os.pathsep) if p] or [str(Path.home() / ".kube" / "config")]
+    known: list[str] = []
+    for path in paths:
+        try:
+            doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        for entry in (doc.get("contexts") or []) if isinstance(doc, dict) else []:
+            if isinstance(entry, dict) and entry.get("name"):
+                known.append(str(entry["name"]))
+    where = os.pathsep.join(paths)
+    if not known:
+        return [f"{var}: no kubeconfig with contexts at {where} (KUBECONFIG or ~/.kube/config)"]
+    return [f"{var}: cluster {name}: context {context!r} is not in the kubeconfig {where} "
+            f"(it has {', '.join(sorted(set(known)))})"
+            for name, context in clusters.items() if context not in known]
 
 
 def _describe(exc: ValidationError, raw: dict[str, Any]) -> list[str]:

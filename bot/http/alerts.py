@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bot.app.metrics import Metrics
 from bot.app.records import AlertTarget
+from bot.app.router import ClusterRouter, UnknownCluster
 from bot.app.service import OncallService
 from bot.http.executor import InlineExecutor, Work, WorkQueue
 from bot.http.wire import printable
@@ -97,15 +98,22 @@ def one_line(exc: ValidationError) -> str:
 
 
 class AlertIntake:
-    """Parse, authenticate and validate a webhook call; hand its alerts to the work queue."""
+    """Parse, authenticate and validate a webhook call; hand its alerts to the work queue.
 
-    def __init__(self, service: OncallService, executor: WorkQueue | InlineExecutor,
-                 alertnames: tuple[str, ...] | list[str] = ("KubePodCrashLooping",), token: str | None = None):
-        self.service = service
+    With several clusters (bot.app.router) each alert goes to the cluster its `cluster_label`
+    names (Alertmanager's usual multi-cluster label), an unlabelled one to the default cluster;
+    an alert for a cluster this bot does not serve is skipped (logged, counted), the others in
+    the same webhook are still handled. A single cluster takes every alert, as it always did."""
+
+    def __init__(self, service: OncallService | ClusterRouter, executor: WorkQueue | InlineExecutor,
+                 alertnames: tuple[str, ...] | list[str] = ("KubePodCrashLooping",), token: str | None = None,
+                 cluster_label: str = "cluster"):
+        self.router = ClusterRouter.of(service)
         self.executor = executor
         self.alertnames = set(alertnames)
         self.token = token
-        self.metrics: Metrics = service.metrics
+        self.cluster_label = cluster_label
+        self.metrics: Metrics = self.router.metrics
 
     def _refuse(self, status: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
         self.metrics.http_rejected.labels(reason).inc()
@@ -127,7 +135,7 @@ class AlertIntake:
             return self._refuse(400, "not_a_webhook", f"not an Alertmanager webhook payload: {one_line(exc)}")
         self._log_envelope(payload)
         works, skipped = self._works(payload, received_at)
-        admission = self.executor.submit(works, self.service.handle_alert) if works else None
+        admission = self.executor.submit(works, self.router.handle_alert) if works else None
         if works and admission is None:
             return self._refuse(503, "busy", f"busy: too many alerts waiting to take {len(works)} more; retry later")
         if admission is not None:
@@ -154,8 +162,9 @@ class AlertIntake:
                 skipped.append({"index": index, "reason": reason})
                 self.metrics.alerts_skipped.labels(reason.split(":")[0]).inc()
                 continue
-            works.append(Work(workload_key(target.namespace, target.pod),
-                              (target.namespace, target.pod, target.container), target))
+            cluster = f"{target.cluster}/" if target.cluster else ""  # the same pod in two clusters is two pods
+            works.append(Work(cluster + workload_key(target.namespace, target.pod),
+                              (target.cluster, target.namespace, target.pod, target.container), target))
         return works, skipped
 
     def _target(self, raw: dict[str, Any], received_at: float) -> tuple[AlertTarget | None, str]:
@@ -173,6 +182,13 @@ class AlertIntake:
                    if alert.labels.get(k) and not form.fullmatch(alert.labels[k])]
         if invalid:
             return None, f"invalid label: {', '.join(invalid)} is not a Kubernetes name"
+        try:
+            cluster = self.router.for_alert(alert.labels.get(self.cluster_label)).cluster.name
+        except UnknownCluster as exc:
+            log.warning("alert for %s/%s skipped: %s", alert.labels["namespace"], alert.labels["pod"],
+                        printable(exc, 300))
+            return None, f"unknown cluster: {printable(exc.cluster, 100)}"
         return AlertTarget(namespace=alert.labels["namespace"], pod=alert.labels["pod"],
                            container=alert.labels.get("container") or None,
-                           firing=alert.status == "firing", received_at=received_at), ""
+                           firing=alert.status == "firing", received_at=received_at,
+                           cluster=cluster if len(self.router) > 1 else None), ""

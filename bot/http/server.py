@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from bot.app.router import ClusterRouter
 from bot.app.service import OncallService
 from bot.http.alerts import AlertIntake
 from bot.http.executor import WorkQueue
@@ -89,19 +90,21 @@ class Response:
 
 
 class BotServer:
-    def __init__(self, service: OncallService, *, alert_token: str | None = None,
+    def __init__(self, service: OncallService | ClusterRouter, *, alert_token: str | None = None,
                  alertnames: tuple[str, ...] | list[str] = ("KubePodCrashLooping",), workers: int = 4,
                  queue_size: int = 100, bolt_app: Any = None, readiness_checks: dict[str, Callable[[], Any]] | None = None,
                  host: str = "127.0.0.1", port: int = 0, sweep_interval: float = 30, limits: Limits | None = None,
-                 max_pending_alerts: int = 100_000):
-        self.service = service
-        self.metrics = service.metrics
+                 max_pending_alerts: int = 100_000, cluster_label: str = "cluster"):
+        self.router = ClusterRouter.of(service)  # one cluster or several (bot.app.router)
+        self.service = self.router.default
+        self.metrics = self.router.metrics
         self.limits = limits or Limits()
         self.executor = WorkQueue(workers, queue_size, max_pending_alerts)
         # Rollout verification can take many minutes: keep it off the alert workers.
         self.followups = ThreadPoolExecutor(max_workers=2, thread_name_prefix="followup")
-        service.run_later = self.followups.submit
-        self.intake = AlertIntake(service, self.executor, alertnames, alert_token)
+        for each in self.router:
+            each.run_later = self.followups.submit
+        self.intake = AlertIntake(self.router, self.executor, alertnames, alert_token, cluster_label)
         self.bolt_app = bolt_app
         self.readiness = Readiness(readiness_checks or {})
         self.sweep_interval = sweep_interval
@@ -113,6 +116,7 @@ class BotServer:
         self._ready = threading.Event()
         self._open: set[asyncio.StreamWriter] = set()
         self._threads: list[threading.Thread] = []
+        self.on_stop: list[Callable[[], object]] = []  # e.g. the pod watches, stopped with the server
 
     @property
     def url(self) -> str:
@@ -153,15 +157,17 @@ class BotServer:
                 if thread.name == "http":
                     thread.join(10)
         self.sock.close()
+        for stop in self.on_stop:
+            stop()
         self.executor.shutdown()
         self.handlers.shutdown(wait=False, cancel_futures=True)
         self.followups.shutdown(wait=False, cancel_futures=True)
 
     def _sweep_loop(self) -> None:
-        """Post what Slack refused earlier, expire old proposals."""
+        """Post what Slack refused earlier, expire old proposals: in every cluster served."""
         while not self._stop.wait(self.sweep_interval):
             try:
-                self.service.sweep()
+                self.router.sweep()
             except Exception:
                 log.exception("sweep failed")
 

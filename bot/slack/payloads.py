@@ -26,6 +26,7 @@ class IdRef(_Payload):
 
 class MessageTs(_Payload):
     ts: str | None = None
+    text: str | None = None  # the message's fallback text (it names the incident's cluster)
 
 
 class Container(_Payload):
@@ -44,6 +45,10 @@ class ClickPlace(_Payload):
     @property
     def channel_id(self) -> str | None:
         return (self.channel.id if self.channel else None) or (self.container.channel_id if self.container else None)
+
+    @property
+    def message_text(self) -> str | None:
+        return self.message.text if self.message else None
 
     @property
     def message_ref(self) -> MessageRef | None:

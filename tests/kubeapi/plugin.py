@@ -15,3 +15,13 @@ def kube_api():
         yield fake
     finally:
         fake.stop()
+
+
+@pytest.fixture
+def kube_api_b():
+    """A second, independent FakeKube: another cluster, for the multi-cluster tests."""
+    fake = FakeKube().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()

@@ -46,3 +46,11 @@ def button_value(call, action_id: str) -> str | None:
             if element.get("action_id") == action_id:
                 return element.get("value")
     return None
+
+
+def command_body(text: str, user: str, channel: str = CHANNEL) -> str:
+    """The form Slack posts for `/vllm TEXT`."""
+    return urlencode({"token": "legacy", "team_id": "T0STANDIN", "team_domain": "standin", "channel_id": channel,
+                      "channel_name": "inference-oncall", "user_id": user, "user_name": user.lower(),
+                      "command": "/vllm", "text": text, "api_app_id": "A0APP",
+                      "response_url": "https://hooks.slack.invalid/commands/1", "trigger_id": "1.2.3"})
