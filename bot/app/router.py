@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 
-from bot.app.errors import ClusterUnavailable
+from bot.app.errors import ClusterError, ClusterUnavailable
 from bot.app.metrics import Metrics
 from bot.app.records import AlertTarget, Incident
 from bot.app.service import OncallService
@@ -128,5 +128,7 @@ class ClusterRouter:
             service = self.services[name]
             try:
                 service.sweep()
+            except ClusterError as exc:  # expected now and then: one line, the next sweep tries again
+                log.error("sweep of cluster %s failed: %s", service.cluster.name, exc)
             except Exception:
                 log.exception("sweep of cluster %s failed", service.cluster.name)
