@@ -410,7 +410,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     if settings.slack_app_token:
         from slack_bolt.adapter.socket_mode import SocketModeHandler
 
-        socket_handler = SocketModeHandler(app, settings.slack_app_token)
+        socket_handler = SocketModeHandler(app, settings.slack_app_token, ping_interval=settings.slack_ping_seconds)
     return server, socket_handler
 
 

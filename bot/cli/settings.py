@@ -27,6 +27,7 @@ ENV_VARS: dict[str, str] = {
     "slack_signing_secret": "SLACK_SIGNING_SECRET",
     "slack_channel": "VLLM_ONCALL_SLACK_CHANNEL",
     "slack_api_url": "SLACK_API_URL",
+    "slack_ping_seconds": "VLLM_ONCALL_SLACK_PING_SECONDS",
     "approver_users": "VLLM_ONCALL_APPROVERS",
     "approver_groups": "VLLM_ONCALL_APPROVER_GROUPS",
     "approver_scopes": "VLLM_ONCALL_APPROVER_SCOPES",
@@ -91,6 +92,10 @@ class Settings(BaseModel):
     slack_signing_secret: str | None = None
     slack_channel: str = Field(min_length=1)
     slack_api_url: str | None = None  # a Slack stand-in in tests; Slack's own URL when None
+    # Socket Mode: the WebSocket ping interval. A connection without a pong for 4 of them is
+    # taken as dead and replaced (slack_sdk), so this bounds how long a silently dropped socket
+    # goes unnoticed. Bolt's default, 10 s, unless set.
+    slack_ping_seconds: float = Field(default=10, gt=0, le=300)
     approver_users: list[str] = Field(default_factory=list)
     approver_groups: list[str] = Field(default_factory=list)
     # Approvers of some namespaces only: `ns-glob=U1,S2,@C3;other-*=U4` (@C: where a click counts),

@@ -13,6 +13,9 @@ injects a random mix of these into a share of the calls.
 Top-level posts are kept per channel (`messages`) with their metadata, and `conversations.history`
 serves them like Slack: newest first, `oldest`/`latest` bounds, `limit` and cursor pages
 (`response_metadata.next_cursor`), metadata only with `include_all_metadata`.
+
+With `socket_mode` set (a slackapi.socketmode.SocketModeStandIn), `apps.connections.open` answers
+an xapp- token with a one-use ws:// URL of it, as Slack does for Socket Mode apps.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class SlackStandIn:
         self.group_members: dict[str, list[str]] = {}
         self.messages: dict[str, list[dict[str, Any]]] = {}  # channel -> top-level posts, oldest first
         self.down = False
+        self.socket_mode: Any = None  # a SocketModeStandIn: apps.connections.open hands out its URLs
         self.chaos: Chaos | None = None
         self._faults: dict[str, list[Fault]] = {}
         self._last_ts = 0.0
@@ -225,6 +229,8 @@ class SlackStandIn:
         if fault is not None and not fault.after_commit:
             headers = {"Retry-After": str(int(fault.retry_after))} if fault.retry_after is not None else {}
             return Answer(fault.status, {"ok": False, "error": fault.error}, headers)
+        if method == "apps.connections.open":
+            return self._connections_open(auth)
         if not auth.startswith("Bearer xox"):
             return Answer(200, {"ok": False, "error": "not_authed"})
         status, body = self._effect(method, params)
@@ -304,3 +310,14 @@ class SlackStandIn:
         if method == "views.open":
             return 200, {"ok": True, "view": {"id": "V0VIEW", "type": "modal"}}
         return 200, {"ok": False, "error": "unknown_method"}
+
+    def _connections_open(self, auth: str) -> Answer:
+        """Socket Mode: only an app-level token may open a connection (Slack: not_allowed_token_type)."""
+        token = auth.removeprefix("Bearer ")
+        if not auth.startswith("Bearer ") or not token:
+            return Answer(200, {"ok": False, "error": "not_authed"})
+        if not token.startswith("xapp-"):
+            return Answer(200, {"ok": False, "error": "not_allowed_token_type"})
+        if self.socket_mode is None:
+            return Answer(200, {"ok": False, "error": "socket_mode_not_enabled"})
+        return Answer(200, {"ok": True, "url": self.socket_mode.open_url(token)})
