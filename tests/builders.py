@@ -94,3 +94,16 @@ def kubeconfig_with(servers: dict[str, str], path: Path) -> str:
         "users": [{"name": "bot", "user": {"token": "not-a-secret"}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": "bot"}} for name in servers]}))
     return str(path)
+
+
+def use_kubeconfig(monkeypatch, server: str, folder: Path) -> str:
+    """Point `serve`'s kubeconfig lookup (in this process) at `server`. The kubernetes package
+    reads KUBECONFIG once, at import, into KUBE_CONFIG_DEFAULT_LOCATION; so set both."""
+    from kubernetes.config import kube_config
+
+    path = kubeconfig_for(server, folder / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", path)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
+    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    return path

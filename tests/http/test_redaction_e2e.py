@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from builders import kubeconfig_for
+from builders import use_kubeconfig
 from kubeapi.objects import container, crashing_deployment, rollout_controller
 from openai_standin import OpenAIStandIn, wait_until
 from slackapi.requests import button_value, click_body, signed_headers
@@ -79,18 +79,6 @@ COMMENT = "The KV cache holds 19,152 tokens, fewer than the 32,768 the model len
 
 
 
-def use_kubeconfig(monkeypatch, fake, folder: Path) -> None:
-    """Point `serve`'s kubeconfig lookup at the stand-in. The kubernetes package reads KUBECONFIG
-    once, at import, into KUBE_CONFIG_DEFAULT_LOCATION; so set both for this test."""
-    from kubernetes.config import kube_config
-
-    path = kubeconfig_for(fake.url, folder / "kubeconfig")
-    monkeypatch.setenv("KUBECONFIG", path)
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
-    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
-        monkeypatch.delenv(var, raising=False)
-
-
 @pytest.fixture
 def world(kube_api, slack, tmp_path, monkeypatch):
     llm = OpenAIStandIn(reply=COMMENT)
@@ -98,7 +86,7 @@ def world(kube_api, slack, tmp_path, monkeypatch):
                                    containers=[container(command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
                                                          args=list(ARGS), env=[dict(e) for e in ENV])])
     kube_api.on_write = rollout_controller("ready", log=NEW_POD_LOG)
-    use_kubeconfig(monkeypatch, kube_api, tmp_path)
+    use_kubeconfig(monkeypatch, kube_api.url, tmp_path)
     monkeypatch.setenv("VLLM_ONCALL_LLM_BASE_URL", llm.url)
     monkeypatch.setenv("VLLM_ONCALL_LLM_MODEL", "stand-in")
     settings = load_settings({

@@ -30,6 +30,14 @@ def click_payload(action_id: str, incident: str, user: str, ts: str, channel: st
                             "action_ts": str(time.time())}]}
 
 
+def command_payload(text: str, user: str, channel: str = CHANNEL, command: str = "/vllm") -> dict:
+    """A slash command as Slack sends it: the HTTP form's fields; over Socket Mode this object is the payload."""
+    return {"token": "verification-token-unused", "team_id": "T0STANDIN", "team_domain": "standin",
+            "channel_id": channel, "channel_name": "inference-oncall", "user_id": user, "user_name": user.lower(),
+            "command": command, "text": text, "api_app_id": "A0APP", "is_enterprise_install": "false",
+            "response_url": "https://hooks.slack.invalid/commands/1", "trigger_id": "1.2.3"}
+
+
 def click_body(action_id: str, incident: str, user: str, ts: str, channel: str = CHANNEL) -> str:
     return urlencode({"payload": json.dumps(click_payload(action_id, incident, user, ts, channel))})
 

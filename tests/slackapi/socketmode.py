@@ -374,4 +374,4 @@ class SocketModeStandIn:
             transport.close()
         else:  # half-open: nothing read, nothing answered, nothing sent; the app must notice by itself
             transport.pause_reading()
-            await self._closed(conn, how)
+        await self._closed(conn, how)  # gone for Slack at once: what it had not acked goes elsewhere
