@@ -146,3 +146,12 @@ def test_the_alert_channel_must_be_an_id_the_history_can_be_read_by(channel):
         load_settings({**GOOD, "VLLM_ONCALL_SLACK_CHANNEL": channel})
     assert str(err.value).startswith("invalid configuration: VLLM_ONCALL_SLACK_CHANNEL: must be the channel's ID")
     assert load_settings({**GOOD, "VLLM_ONCALL_SLACK_CHANNEL": "G0PRIVATE"}).slack_channel == "G0PRIVATE"
+
+
+def test_the_socket_mode_ping_interval_is_a_positive_number_of_seconds():
+    assert load_settings(GOOD).slack_ping_seconds == 10  # Bolt's own default
+    assert load_settings({**GOOD, "VLLM_ONCALL_SLACK_PING_SECONDS": "2.5"}).slack_ping_seconds == 2.5
+    for bad in ("0", "often", "600"):
+        with pytest.raises(SettingsError) as err:
+            load_settings({**GOOD, "VLLM_ONCALL_SLACK_PING_SECONDS": bad})
+        assert str(err.value).count("\n") == 0 and "VLLM_ONCALL_SLACK_PING_SECONDS:" in str(err.value), bad

@@ -203,6 +203,16 @@ def test_vllm_help_and_why_over_the_socket_are_acked_with_their_answer(bots):
     assert bots.record()["state"] == "proposed"
 
 
+def test_each_envelope_goes_to_one_connection_and_both_replicas_answer(bots):
+    a, b = bots.start("a"), bots.start("b")
+    sent = [bots.socket_mode.slash_command(command_payload("help", APPROVER, CHANNEL)) for _ in range(16)]
+    assert all(e.wait_acked(5) for e in sent)
+    assert all(len(e.deliveries) == 1 and e.extra_acks == 0 for e in sent), "one delivery, one ack each"
+    per_replica = {r.token: sum(e.deliveries[0].connection == bots.connection(r).id for e in sent) for r in (a, b)}
+    assert sorted(per_replica.values()) != [0, 16], per_replica  # seeded random: both get some
+    assert max(e.ack_seconds for e in sent) < SLACK_ACK_LIMIT
+
+
 def test_a_click_delivered_to_the_replica_that_did_not_post_is_applied_exactly_once(bots):
     poster, other = bots.start("a"), bots.start("b")
     name, ts, value = bots.alert(poster)
@@ -260,3 +270,17 @@ def test_a_dropped_socket_reconnects_and_the_click_sent_meanwhile_is_applied_onc
     assert reconnected < (2 if how in ("reset", "refresh_requested", "warning") else 8 * PING + 2), reconnected
     bots.applied_exactly_once()
     assert bots.told() == []
+
+
+def test_a_click_redelivered_while_the_first_delivery_is_still_applying_changes_nothing_more(bots):
+    first, second = bots.start("a"), bots.start("b")
+    name, ts, value = bots.alert(first)
+    bots.kube.fail_commit("patch", "deployments", "before", "slow", times=None, seconds=3.0)  # a slow API server
+    click = bots.approve(value, ts, to=bots.connection(first), lose_acks=1)
+    assert click.wait_acked(10), "the re-delivery was never acked"
+    assert click.deliveries[1].retry_reason == "timeout" and click.deliveries[1].connection == bots.connection(
+        second).id
+    assert bots.applied_replies() == [], "the re-delivery came while the first was still applying"
+    bots.applied_exactly_once()
+    told = bots.told()
+    assert len(told) == 1 and "already applying" in told[0] and "Nothing was changed" in told[0], told
