@@ -8,9 +8,10 @@ import json
 import time
 
 import pytest
+from builders import use_kubeconfig
 from kubeapi.objects import container, crashing_deployment
 from openai_standin import OpenAIStandIn, wait_until
-from test_redaction_e2e import EXAMPLE_LOG, alert, post, use_kubeconfig
+from test_redaction_e2e import EXAMPLE_LOG, alert, post
 
 from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
@@ -33,7 +34,7 @@ def case(request, kube_api, slack, tmp_path, monkeypatch):
     llm = OpenAIStandIn(**kwargs)
     _, pod = crashing_deployment(kube_api, name="vllm-llama3-8b", previous_log=EXAMPLE_LOG, containers=[
         container(command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"], args=list(ARGS))])
-    use_kubeconfig(monkeypatch, kube_api, tmp_path)
+    use_kubeconfig(monkeypatch, kube_api.url, tmp_path)
     monkeypatch.setenv("VLLM_ONCALL_LLM_BASE_URL", llm.url)
     monkeypatch.setenv("VLLM_ONCALL_LLM_TIMEOUT_SECONDS", "1")
     settings = load_settings({
