@@ -177,7 +177,7 @@ def test_the_app_token_opens_the_socket_and_a_bot_token_cannot(bots, slack):
     (conn,) = bots.socket_mode.opened()
     assert conn.token.startswith("xapp-") and conn.open
     # the bot pings every PING seconds; each is answered, so the bot keeps this one connection
-    assert bots.socket_mode.wait_for(lambda: conn.ws.pings >= 8, 5), conn.ws.pings
+    assert bots.socket_mode.wait_for(lambda: conn.pings >= 8, 5), conn.pings
     assert conn.open and len(bots.socket_mode.opened()) == 1
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError

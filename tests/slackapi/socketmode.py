@@ -55,9 +55,13 @@ class Connection:
     closed_at: float | None = None
     closed_how: str | None = None  # "closed" (by either side, normally), "reset", "eof", "silent"
     disconnect_reason: str | None = None  # a disconnect message was sent: no new envelopes go here
-    pings: int = 0  # pings the app sent (each answered with a pong)
     received: list[dict[str, Any]] = field(default_factory=list)  # every JSON message the app sent
     ws: ServerConnection | None = field(default=None, repr=False)
+
+    @property
+    def pings(self) -> int:
+        """Pings the app sent on this connection (each answered with a pong)."""
+        return getattr(self.ws, "pings", 0)
 
     @property
     def open(self) -> bool:
@@ -171,8 +175,8 @@ class SocketModeStandIn:
 
         async def shut() -> None:
             assert self._server is not None
-            for conn in self.connections:
-                if conn.ws is not None and conn.open:
+            for conn in self.connections:  # a "silent" one is closed for Slack but its socket is still there
+                if conn.ws is not None:
                     conn.ws.transport.abort()
             self._server.close()
             await asyncio.wait_for(self._server.wait_closed(), 5)
@@ -283,7 +287,6 @@ class SocketModeStandIn:
         except ValueError:
             message = {"unreadable": str(text)[:200]}
         conn.received.append(message)
-        conn.pings = getattr(conn.ws, "pings", 0)
         envelope = next((e for e in self.envelopes if e.id == message.get("envelope_id")), None)
         if envelope is None:
             return
@@ -306,7 +309,6 @@ class SocketModeStandIn:
             return
         with self._lock:
             conn.closed_at, conn.closed_how = time.monotonic(), how
-            conn.pings = getattr(conn.ws, "pings", 0)
         for envelope in list(self.envelopes):
             last = envelope.deliveries[-1] if envelope.deliveries else None
             if envelope.ack is None and not envelope.gave_up and last is not None and last.connection == conn.id:
