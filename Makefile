@@ -32,7 +32,7 @@ promtool:
 test: $(BIN)/.installed tools
 	$(BIN)/python -m pytest
 
-# The static checks CI runs before the tests: the layer contracts (.importlinter), ruff, mypy.
+# The static checks CI runs before the tests: the layer contracts, ruff, mypy (all configured in pyproject.toml).
 lint: $(BIN)/.installed
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/ruff check bot tests benchmarks

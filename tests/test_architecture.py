@@ -1,5 +1,5 @@
 """The code stays small enough to read: no function in bot/ over 60 lines, no class over 300,
-and the layer contracts in .importlinter hold (import-linter, the same check CI runs)."""
+and the layer contracts in pyproject.toml ([tool.importlinter]) hold (import-linter, the same check CI runs)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,6 @@ def test_no_class_is_longer_than_three_hundred_lines():
 def test_the_layer_contracts_hold():
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint, "import-linter is a dev dependency: pip install -e '.[dev]'"
-    proc = subprocess.run([lint, "--config", str(ROOT / ".importlinter"), "--no-cache"], cwd=ROOT,
+    proc = subprocess.run([lint, "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

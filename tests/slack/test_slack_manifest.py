@@ -14,7 +14,7 @@ NEEDED = {"chat.postMessage": {"chat:write"}, "chat.update": {"chat:write"}, "ch
 
 
 def test_the_manifest_grants_what_the_bot_calls():
-    manifest = yaml.safe_load((ROOT / "slack-app-manifest.yaml").read_text())
+    manifest = yaml.safe_load((ROOT / "deploy" / "slack-app-manifest.yaml").read_text())
     scopes = set(manifest["oauth_config"]["scopes"]["bot"])
     for method, needed in NEEDED.items():
         assert needed <= scopes, f"{method} needs {needed - scopes}"
