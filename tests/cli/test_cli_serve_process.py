@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from slackapi import SlackStandIn
+from slackapi.requests import command_payload
 
 from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
@@ -78,6 +79,30 @@ def test_serve_process_takes_an_alert_to_slack(slack, tmp_path):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_serve_process_in_socket_mode_answers_over_the_socket_and_stops_on_sigterm(slack, socket_mode, tmp_path):
+    """The real process: apps.connections.open with the app token, the WebSocket, /vllm over it."""
+    env = {**os.environ, **env_for(slack, tmp_path, free_port()), "SLACK_APP_TOKEN": "xapp-1-serve",
+           "VLLM_ONCALL_SLACK_PING_SECONDS": "0.5"}
+    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert socket_mode.wait_for(lambda: len(socket_mode.open_connections("xapp-1-serve")) == 1, 30), \
+            "the process never connected over Socket Mode"
+        helped = socket_mode.slash_command(command_payload("help", "U0A"))
+        assert helped.wait_acked(10) and "/vllm why POD" in helped.response["text"]
+        asked = socket_mode.slash_command(command_payload("why inference/vllm-llama3-8b-7d9f8c6b5-x2k4p", "U0A", channel="C0ALERTS"))
+        assert asked.wait_acked(10) and "Looking at" in asked.response["text"]
+        assert slack.wait_for(lambda: len(slack.posts()) == 1, 30), "the diagnosis was never posted"
+        assert "Approve" in json.dumps(slack.posts()[0].params["blocks"])
+        proc.terminate()  # SIGTERM: the socket is closed and the process exits cleanly
+        assert proc.wait(15) == 0
+        assert socket_mode.wait_for(lambda: socket_mode.open_connections("xapp-1-serve") == [], 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def test_socket_mode_is_chosen_by_the_app_token(slack, tmp_path):
