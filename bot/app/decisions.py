@@ -15,7 +15,7 @@ from bot.app.cas import IncidentCas, moved
 from bot.app.errors import ClusterUnavailable
 from bot.app.incidents import incident_name
 from bot.app.intake import Intake
-from bot.app.messages import Messages
+from bot.app.messages import REPORT, Messages, applied_note, reported
 from bot.app.metrics import Metrics
 from bot.app.policy import DEFAULT_APPLY_GRACE, PROPOSALS_ONLY
 from bot.app.ports import ClusterPort, IncidentStore
@@ -197,13 +197,15 @@ class Decisions:
 
     def _applied(self, name: str, user: str, result: ApplyResult, clicked: MessageRef | None) -> str:
         change = AppliedChange(by=user, at=self.clock(), message=result.message)
-        incident = self._finish(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change)
+        # With the move, the mark "not reported yet": killed before the reply, a restart sends it.
+        incident = self._finish(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change,
+                                verification_step=REPORT)
         if incident is None:
             return "already_decided"  # another replica resumed and reported it
         self.metrics.patches_applied.inc()
         self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, Note(text=f":white_check_mark: Applied by <@{user}>. "
-                                                         f"{result.message}\nFollowing the rollout…"))
+        self.messages.reply(incident, clicked, applied_note(user, result.message))
+        self.cas.mutate(name, reported)
         self.follow_rollout(name, clicked)
         return "applied"
 
