@@ -15,9 +15,9 @@ from bot.app.cas import IncidentCas, moved
 from bot.app.errors import ClusterUnavailable
 from bot.app.incidents import incident_name
 from bot.app.intake import Intake
-from bot.app.messages import Messages
+from bot.app.messages import REPORT, Messages, applied_note, reported
 from bot.app.metrics import Metrics
-from bot.app.policy import PROPOSALS_ONLY
+from bot.app.policy import DEFAULT_APPLY_GRACE, PROPOSALS_ONLY
 from bot.app.ports import ClusterPort, IncidentStore
 from bot.app.proposals import Proposer, offers_button, open_state
 from bot.app.records import AlertTarget, AppliedChange, ApplyResult, Incident, MessageRef, Note
@@ -27,9 +27,10 @@ from bot.remedy import changes as ch
 
 log = logging.getLogger(__name__)
 S = IncidentState
-# How long an incident may sit in `applying` before the sweep assumes its applier died or lost
-# the answer, and resumes it (longer than one apply with its retries takes).
-APPLY_GRACE = timedelta(minutes=2)
+# The default Policy.apply_grace: how long an incident may sit in `applying` before the sweep
+# assumes its applier died or lost the answer, and resumes it. An applier starts its patch only
+# while the patch (Policy.patch_seconds, with its retries) can end inside the grace.
+APPLY_GRACE = DEFAULT_APPLY_GRACE
 
 
 class Decisions:
@@ -79,6 +80,11 @@ class Decisions:
             return self._conflicted(name, result, clicked)
         if not check.ok:
             return self._refused_to_apply(claimed, check.refused or "re-derivation failed", clicked)
+        if self._too_late_to_patch(claimed):
+            self.messages.reply(claimed, clicked, Note(text=":hourglass: The cluster answered too slowly to patch "
+                                                            "safely now; nothing was changed yet. The bot will try "
+                                                            "again shortly and report."))
+            return "late"
         result = self._apply(claimed, user)
         if result.ok:
             return self._applied(name, user, result, clicked)
@@ -96,10 +102,25 @@ class Decisions:
                                                          "The bot will check whether the change landed and report."))
         return "unknown"
 
-    def resume_applying(self, cluster_name: str, grace: timedelta = APPLY_GRACE) -> list[str]:
+    def _too_late_to_patch(self, claimed: Incident) -> bool:
+        """Whether a patch started now might still be in flight when the apply grace (from this
+        claim) runs out and the sweep takes the incident over: then it is not started; the sweep
+        resumes the incident after the grace with a fresh claim (and reads the audit record first)."""
+        policy = self.proposer.policy
+        if policy.patch_seconds is None or claimed.decided_at is None:
+            return False
+        late = self.clock() + timedelta(seconds=policy.patch_seconds) >= claimed.decided_at + policy.apply_grace
+        if late:
+            log.warning("incident %s: not patching, a patch could outlast the apply grace (%gs) since its claim",
+                        claimed.name, policy.apply_grace.total_seconds())
+        return late
+
+    def resume_applying(self, cluster_name: str, grace: timedelta | None = None) -> list[str]:
         """Sweep step: finish or report incidents left in `applying` (a restart, a lost answer,
-        a killed replica) for longer than `grace`. Each is taken over by a CAS first, so one
-        replica resumes it; the apply is idempotent (the audit record says whether it landed)."""
+        a killed replica) for longer than `grace` (default: Policy.apply_grace). Each is taken over
+        by a CAS first, so one replica resumes it; the apply is idempotent (the audit record says
+        whether it landed)."""
+        grace = self.proposer.policy.apply_grace if grace is None else grace
         outcomes = []
         for incident in self.store.list(cluster=cluster_name, state=S.APPLYING.value):
             if incident.decided_at is None or incident.decided_at > self.clock() - grace:
@@ -176,13 +197,15 @@ class Decisions:
 
     def _applied(self, name: str, user: str, result: ApplyResult, clicked: MessageRef | None) -> str:
         change = AppliedChange(by=user, at=self.clock(), message=result.message)
-        incident = self._finish(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change)
+        # With the move, the mark "not reported yet": killed before the reply, a restart sends it.
+        incident = self._finish(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change,
+                                verification_step=REPORT)
         if incident is None:
             return "already_decided"  # another replica resumed and reported it
         self.metrics.patches_applied.inc()
         self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, Note(text=f":white_check_mark: Applied by <@{user}>. "
-                                                         f"{result.message}\nFollowing the rollout…"))
+        self.messages.reply(incident, clicked, applied_note(user, result.message))
+        self.cas.mutate(name, reported)
         self.follow_rollout(name, clicked)
         return "applied"
 

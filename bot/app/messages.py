@@ -11,6 +11,19 @@ from bot.app.ports import ChatPort, ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
 
 log = logging.getLogger(__name__)
+# The verification_step of an incident moved to `applied` whose "Applied" reply is not sent yet:
+# written with the move, so a bot killed before the reply leaves a trace a restart resumes from.
+REPORT = "report"
+
+
+def applied_note(user: str, message: str) -> Note:
+    return Note(text=f":white_check_mark: Applied by <@{user}>. {message}\nFollowing the rollout…")
+
+
+def reported(incident: Incident) -> Incident | None:
+    """The incident with its Applied reply marked sent (verification next), None if it was already."""
+    return incident.model_copy(update={"verification_step": "ready"}) if incident.verification_step == REPORT \
+        else None
 
 
 class Messages:

@@ -63,6 +63,10 @@ def _scope(glob: str, members: list[str]) -> ApproverScope:
     return ApproverScope(glob, frozenset(users), frozenset(groups), frozenset(channels))
 
 
+DEFAULT_POST_LEASE = timedelta(seconds=60)
+DEFAULT_APPLY_GRACE = timedelta(minutes=2)
+
+
 @dataclass
 class Policy:
     approver_users: frozenset[str] = frozenset()
@@ -83,6 +87,17 @@ class Policy:
     # The redaction the incident store and the chat apply (built-in rules + configured patterns):
     # a proposal is sealed in the form it is stored and shown, so its digest survives the store.
     redactor: Redactor = field(default=DEFAULT_REDACTOR)
+    # How long one posting attempt holds the right to post an incident (bot/app/posting.py). The
+    # chat's retries of a post must end inside it, or another replica may post too (build_server
+    # derives the Slack post budget from it; Settings checks the Slack timeout leaves room).
+    post_lease: timedelta = DEFAULT_POST_LEASE
+    # How long an incident may sit in `applying` before the sweep assumes its applier died or lost
+    # the answer, and takes it over (bot/app/decisions.py resume_applying).
+    apply_grace: timedelta = DEFAULT_APPLY_GRACE
+    # The longest one patch of a workload may take with its retries (None: not bounded, e.g. a
+    # local cluster). An applier starts the patch only if it can end inside apply_grace from its
+    # claim, so the sweep never takes over an apply whose patch may still be in flight.
+    patch_seconds: float | None = None
 
 
 PROPOSALS_ONLY = ("proposals-only mode: this is the change the bot would make; nothing will be applied. "

@@ -9,7 +9,7 @@ A post that certainly failed (connection refused, the chat said no) releases the
 leaves the incident unposted in the store; the next repeat alert or the periodic sweep posts it.
 A post whose answer is ambiguous (a timeout, a 5xx, a connection dropped after sending: the
 message may exist) keeps the lease, so nobody posts again before it runs out; a holder that died
-mid-post leaves it the same way. After POST_LEASE anyone may take the lease, and whoever takes it
+mid-post leaves it the same way. After the post lease (Policy.post_lease) anyone may take the lease, and whoever takes it
 over an incident that already has a key first looks for that key in the channel's history:
 found, the ts is recorded (posted once, counted once); the look-up failed, nothing is posted
 until a later sweep can look; not found, it is posted with the same key.
@@ -22,18 +22,18 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from bot.app.cas import IncidentCas, noted
 from bot.app.messages import Messages
 from bot.app.metrics import Metrics
-from bot.app.policy import Policy
+from bot.app.policy import DEFAULT_POST_LEASE, Policy
 from bot.app.ports import ChatPort, ChatUnavailable, IncidentConflict, IncidentStore
 from bot.app.records import Incident, MessageRef, PostLease
 
 log = logging.getLogger(__name__)
 
-POST_LEASE = timedelta(seconds=60)  # how long one attempt may hold the right to post an incident
+POST_LEASE = DEFAULT_POST_LEASE  # the default Policy.post_lease: how long one attempt may hold the right to post
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Poster:
 
     def new_lease(self) -> PostLease:
         """A lease per posting attempt (not per replica: threads of one replica race too)."""
-        return PostLease(holder=f"{self.policy.replica}/{uuid.uuid4().hex[:8]}", until=self.clock() + POST_LEASE)
+        return PostLease(holder=f"{self.policy.replica}/{uuid.uuid4().hex[:8]}", until=self.clock() + self.policy.post_lease)
 
     def new_post(self, name: str) -> NewPost:
         """A lease and a new message identity, for an incident whose next message is a new one."""

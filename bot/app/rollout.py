@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
-from bot.app.messages import Messages
+from bot.app.messages import REPORT, Messages, applied_note, reported
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy
 from bot.app.ports import ClusterPort, IncidentStore
@@ -171,8 +171,16 @@ class Rollout:
             if step is None or incident.state != S.APPLIED:
                 continue
             resumed.append(incident.name)
-            self.messages.reply(incident, None, Note(
-                text=f":arrows_counterclockwise: The bot restarted during verification (step: {step}); resuming it."))
+            if step == REPORT:  # killed between the move to applied and its report: report it now
+                applied = incident.applied
+                self.messages.reply(incident, None, applied_note(applied.by if applied else "unknown",
+                                                                 applied.message if applied else ""))
+                self.cas.mutate(incident.name, reported)
+                step = "ready"
+            else:
+                self.messages.reply(incident, None, Note(
+                    text=f":arrows_counterclockwise: The bot restarted during verification (step: {step}); "
+                         "resuming it."))
             run(self._resumer(incident.name, step))
         return resumed
 

@@ -313,7 +313,9 @@ def _cluster_and_store(settings, books, client=None, redactor=None, name: str | 
         from bot.kube.api import KubeApi
         from bot.kube.live import LiveCluster
 
-        cluster = LiveCluster(KubeApi(client), name=name, playbooks=books)
+        # A patch ends within half the apply grace; the applier starts it only while it can end
+        # inside the grace (Policy.patch_seconds), so the sweep never takes over a patch in flight.
+        cluster = LiveCluster(KubeApi(client, patch_within=patch_seconds(settings)), name=name, playbooks=books)
     if settings.store == "kube":
         from bot.kube.api import KubeApi
         from bot.kube.incidents import KubeIncidentStore
@@ -379,16 +381,18 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
     from bot.diagnosis.redact import Redactor
     from bot.http.server import BotServer
     from bot.slack.app import build_app
-    from bot.slack.chat import SlackChat, make_client
+    from bot.slack.chat import SlackChat, make_client, post_budget
 
     metrics = Metrics()
     count_kube_retries(metrics)
     # One redactor (the built-in rules + VLLM_ONCALL_REDACT_PATTERNS) for every adapter whose text
     # leaves the cluster: the chat, the incident store, the LLM. Settings already validated them.
     redactor = Redactor(settings.redact_patterns)
-    client = make_client(settings.slack_bot_token, settings.slack_api_url)
+    client = make_client(settings.slack_bot_token, settings.slack_api_url, timeout=settings.slack_timeout_seconds)
+    # A post's retries end inside its post lease (Settings checked the timeout leaves room).
     chat = SlackChat(client, settings.slack_channel, metrics, max_attempts=settings.slack_max_attempts,
-                     max_retry_after_seconds=settings.slack_max_retry_after_seconds, redactor=redactor)
+                     max_retry_after_seconds=settings.slack_max_retry_after_seconds, redactor=redactor,
+                     post_budget_seconds=post_budget(settings.post_lease_seconds))
     books = load_books(settings.playbooks)  # None: the bundled playbooks, as always
     policy = _policy(settings, redactor)
     router = ClusterRouter([_cluster_service(settings, name, books, chat, policy, metrics, redactor)
@@ -425,7 +429,15 @@ def _policy(settings, redactor):  # -> Policy
                   why_scope=settings.why_scope, alert_channel=settings.slack_channel,
                   proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
                   verify_timeout_seconds=settings.verify_timeout_seconds,
-                  default_namespace=settings.default_namespace, redactor=redactor)
+                  default_namespace=settings.default_namespace, redactor=redactor,
+                  post_lease=timedelta(seconds=settings.post_lease_seconds),
+                  apply_grace=timedelta(seconds=settings.apply_grace_seconds),
+                  patch_seconds=patch_seconds(settings) if settings.cluster_source == "kube" else None)
+
+
+def patch_seconds(settings) -> float:
+    """The longest a workload patch may take with its retries: half the apply grace."""
+    return settings.apply_grace_seconds / 2
 
 
 def _cluster_service(settings, name, books, chat, policy, metrics, redactor):  # -> OncallService

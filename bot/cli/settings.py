@@ -49,6 +49,9 @@ ENV_VARS: dict[str, str] = {
     "slack_max_attempts": "VLLM_ONCALL_SLACK_MAX_ATTEMPTS",
     "slack_max_retry_after_seconds": "VLLM_ONCALL_SLACK_MAX_RETRY_AFTER_SECONDS",
     "sweep_interval_seconds": "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS",
+    "post_lease_seconds": "VLLM_ONCALL_POST_LEASE_SECONDS",
+    "apply_grace_seconds": "VLLM_ONCALL_APPLY_GRACE_SECONDS",
+    "slack_timeout_seconds": "VLLM_ONCALL_SLACK_TIMEOUT_SECONDS",
     "mode": "VLLM_ONCALL_MODE",
     "playbooks": "VLLM_ONCALL_PLAYBOOKS",
     "redact_patterns": "VLLM_ONCALL_REDACT_PATTERNS",
@@ -120,6 +123,14 @@ class Settings(BaseModel):
     slack_max_attempts: int = Field(default=5, ge=1, le=20)
     slack_max_retry_after_seconds: float = Field(default=60, ge=0)
     sweep_interval_seconds: float = Field(default=30, gt=0)
+    # Recovery time-outs. The post lease: how long one attempt holds the right to post an incident
+    # (a replica that died mid-post is taken over after it); a post's retries get half of it, so
+    # the Slack timeout must be under half of it. The apply grace: how long an incident may sit in
+    # `applying` before the sweep takes it over; the Kubernetes patch gets a quarter of it for its
+    # retries and at most a quarter (and 30 s) per attempt, and starts only while it can end inside it.
+    post_lease_seconds: float = Field(default=60, gt=0)
+    apply_grace_seconds: float = Field(default=120, ge=4)
+    slack_timeout_seconds: int = Field(default=10, ge=1, le=300)  # one Slack Web API request
     # proposals-only: post diagnoses and proposals, never offer Approve (deploy/ starts here);
     # approve: Approve/Reject buttons for the approvers. The default keeps what `serve` always did.
     mode: Literal["proposals-only", "approve"] = "approve"
@@ -230,9 +241,19 @@ class Settings(BaseModel):
         if self.cluster_source == "local" and self.bundle_dir is None:
             problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
         problems += self._cluster_combinations()
+        problems += self._lease_fits()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _lease_fits(self) -> list[str]:
+        from bot.slack.chat import post_fits_lease
+
+        if post_fits_lease(self.post_lease_seconds, self.slack_timeout_seconds):
+            return []
+        return [f"{ENV_VARS['post_lease_seconds']} ({self.post_lease_seconds:g}) must be more than twice "
+                f"{ENV_VARS['slack_timeout_seconds']} ({self.slack_timeout_seconds}): a post's retries get half "
+                "the lease and its last attempt must end inside it, or another replica may post the incident too"]
 
     def _cluster_combinations(self) -> list[str]:
         if not self.clusters:

@@ -11,6 +11,7 @@ representation and Evidence looks the same as a bundle read from disk.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -101,21 +102,35 @@ def typed_error(exc: BaseException, verb: str, resource: str, namespace: str | N
                 server_message=message)
 
 
+def patch_bounds(within_seconds: float, request_timeout: float = 30.0) -> tuple[float, float]:
+    """(per-attempt timeout, retry budget) for a patch that must end within `within_seconds`:
+    half each, the timeout at most `request_timeout`. The last retry starts before the budget
+    runs out (bot.app.retrying) and ends within its timeout, so the patch ends in time."""
+    half = within_seconds / 2
+    return min(request_timeout, half), half
+
+
 class KubeApi:
     """Thin, explicit wrapper: one method per API call the bot makes (see bot/kube/rbac.py)."""
 
     def __init__(self, api_client: client.ApiClient, retry: RetryPolicy | None = None,
-                 request_timeout: float = 30.0):
+                 request_timeout: float = 30.0, patch_within: float | None = None):
+        """`patch_within`: seconds a workload patch may take with its retries (patch_bounds);
+        None: like any other call."""
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.retry = retry or RetryPolicy()
         self.request_timeout = request_timeout
+        self.patch_timeout, self.patch_retry = request_timeout, self.retry
+        if patch_within is not None:
+            self.patch_timeout, budget = patch_bounds(patch_within, request_timeout)
+            self.patch_retry = dataclasses.replace(self.retry, budget=budget)
 
     # -- plumbing
     def _call(self, verb: str, resource: str, namespace: str | None, fn: Callable[..., Any],
-              *args: Any, raw_text: bool = False, **kwargs: Any) -> Any:
+              *args: Any, raw_text: bool = False, retry: RetryPolicy | None = None, **kwargs: Any) -> Any:
         kwargs.setdefault("_request_timeout", self.request_timeout)
         kwargs["_preload_content"] = False
 
@@ -127,7 +142,7 @@ class KubeApi:
             return json.loads(data) if data else None
 
         try:
-            return self.retry.call(f"{verb} {resource}", once)
+            return (retry or self.retry).call(f"{verb} {resource}", once)
         except ApiException as exc:
             raise typed_error(exc, verb, resource, namespace) from None  # the message says it all
         except Exception as exc:
@@ -199,7 +214,8 @@ class KubeApi:
         method, resource = WORKLOAD_RESOURCES[kind]
         return self._call("patch", f"{resource}.apps", namespace,
                           getattr(self.apps, f"patch_namespaced_{method}"), name, namespace, ops,
-                          dry_run="All" if dry_run else None, _content_type=JSON_PATCH)
+                          dry_run="All" if dry_run else None, _content_type=JSON_PATCH,
+                          retry=self.patch_retry, _request_timeout=self.patch_timeout)
 
     # -- custom resources (incidents)
     def create_custom(self, group: str, version: str, namespace: str, plural: str,

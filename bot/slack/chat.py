@@ -26,6 +26,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.app.metrics import Metrics
+from bot.app.policy import DEFAULT_POST_LEASE
 from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
 from bot.app.retrying import RetryEvent, RetryPolicy
@@ -45,10 +46,24 @@ EVENT_TYPE = "vllm_oncall_incident"  # the metadata event type of every incident
 # find_posted: how far before an attempt's start to look (Slack's clock against ours), and how much
 # history to read at most; a channel busier than that is "cannot tell", never "not posted".
 HISTORY_MARGIN = timedelta(minutes=10)
-# Retries of one incident post stop starting after this many seconds; with the client's 10 s
-# timeout a post ends within 40 s, inside the 60 s post lease (tests/slack/test_slack.py checks it).
-POST_BUDGET_SECONDS = 30.0
+# Retries of one incident post stop starting after post_budget(lease) seconds: half the post
+# lease. The last attempt then ends within that plus the client's timeout, inside the lease as
+# long as the timeout is under half the lease (Settings checks it; tests/slack/test_slack.py).
+# Defaults: a 60 s lease, a 30 s budget, a 10 s timeout: a post ends within 40 s.
 CLIENT_TIMEOUT_SECONDS = 10
+
+
+def post_budget(lease_seconds: float) -> float:
+    """Seconds after a post's first attempt past which no retry of it starts."""
+    return lease_seconds / 2
+
+
+def post_fits_lease(lease_seconds: float, client_timeout_seconds: float) -> bool:
+    """Whether a post's retries plus its last attempt's timeout end inside the post lease."""
+    return post_budget(lease_seconds) + client_timeout_seconds < lease_seconds
+
+
+POST_BUDGET_SECONDS = post_budget(DEFAULT_POST_LEASE.total_seconds())
 HISTORY_PAGE, HISTORY_PAGES = 200, 10
 
 
@@ -120,8 +135,9 @@ class SlackChat:
         # The shared policy; `sleep` is injectable so a test can see the waits without waiting.
         self.retries = RetryPolicy(attempts=max_attempts, initial=backoff_seconds, maximum=10, jitter=0.1,
                                    max_retry_after=max_retry_after_seconds, sleep=sleep, clock=clock)
-        # An incident's post must end inside its post lease (bot/app/posting.py POST_LEASE): after
-        # that another replica may take the lease and post, so retrying past it risks a duplicate.
+        # An incident's post must end inside its post lease (Policy.post_lease): after that another
+        # replica may take the lease and post, so retrying past it risks a duplicate. build_server
+        # passes post_budget(lease).
         self.post_retries = dataclasses.replace(self.retries, budget=post_budget_seconds)
 
     # ---- the one place every Web API call goes through ----------------------------------

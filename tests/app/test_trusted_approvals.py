@@ -302,3 +302,22 @@ def test_a_kill_at_claim_or_patch_is_resumed_by_a_second_instance_once(kube_api,
     assert world.store.get(incident.name).state in ("applied", "verified")
     assert len(audit_changes(world, incident.workload)) == 1
     assert len([c for c in world.patches() if c.code == 200 or c.committed]) == 1
+
+
+def test_a_patch_that_could_outlast_the_apply_grace_is_not_started_and_the_sweep_applies_it_once(kube_api, slack):
+    """The sweep takes an `applying` incident over after the apply grace; an applier whose patch
+    (with its retries, Policy.patch_seconds) might still be in flight then must not start it."""
+    world, (incident, _), clock = faulty_world(kube_api, slack, 2)
+    world.service.policy.apply_grace, world.service.policy.patch_seconds = timedelta(seconds=2), 1.0
+    # The claim commits, its answer comes 1.2 s late: the patch could no longer end inside the grace.
+    kube_api.fail_commit("patch", "vllmincidents", "after", "slow", seconds=1.2)
+    world.click(decision_value(incident), incident.slack_ts)
+    assert slack.wait_for(lambda: any("too slowly to patch safely" in c.params["text"] for c in slack.replies()), 10)
+    assert world.patches() == [] and world.store.get(incident.name).state == "applying"
+    world.service.sweep()  # inside the grace: nobody takes it over
+    assert world.patches() == []
+    clock.offset += timedelta(seconds=5)
+    world.service.sweep()  # after it: taken over by a fresh claim, patched once, reported once
+    assert world.store.get(incident.name).state in ("applied", "verified")
+    assert len(world.patches()) == 1 and len(audit_changes(world, incident.workload)) == 1
+    assert len([c for c in slack.replies() if "Applied by" in c.params["text"]]) == 1

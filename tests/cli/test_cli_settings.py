@@ -155,3 +155,51 @@ def test_the_socket_mode_ping_interval_is_a_positive_number_of_seconds():
         with pytest.raises(SettingsError) as err:
             load_settings({**GOOD, "VLLM_ONCALL_SLACK_PING_SECONDS": bad})
         assert str(err.value).count("\n") == 0 and "VLLM_ONCALL_SLACK_PING_SECONDS:" in str(err.value), bad
+
+
+def test_the_recovery_time_outs_default_to_what_they_were_and_reach_the_wiring(slack, tmp_path):
+    from bot.cli.serve import build_server
+
+    s = load_settings(GOOD)
+    assert (s.post_lease_seconds, s.apply_grace_seconds, s.slack_timeout_seconds) == (60, 120, 10)
+    env = {**GOOD, "SLACK_API_URL": slack.url, "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "folder",
+           "VLLM_ONCALL_STATE_DIR": str(tmp_path), "VLLM_ONCALL_CLUSTER_SOURCE": "local",
+           "VLLM_ONCALL_BUNDLE_DIR": str(Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle")}
+    for lease, grace, timeout, budget in ((None, None, None, 30.0), ("7", "9", "3", 3.5)):
+        given = {"VLLM_ONCALL_POST_LEASE_SECONDS": lease, "VLLM_ONCALL_APPLY_GRACE_SECONDS": grace,
+                 "VLLM_ONCALL_SLACK_TIMEOUT_SECONDS": timeout}
+        server, _ = build_server(load_settings({**env, **{k: v for k, v in given.items() if v}}))
+        try:
+            service = server.router.default
+            chat = service.chat
+            assert chat.client.timeout == int(timeout or 10)
+            assert chat.post_retries.budget == budget, "a post's retries get half the lease"
+            assert budget + chat.client.timeout < float(lease or 60), "and end inside it"
+            assert service.policy.post_lease.total_seconds() == float(lease or 60)
+            assert service.policy.apply_grace.total_seconds() == float(grace or 120)
+            assert service.policy.patch_seconds is None  # a local cluster: no Kubernetes patch to bound
+        finally:
+            server.stop()
+
+
+def test_a_slack_timeout_that_leaves_no_room_in_the_post_lease_is_one_clear_line():
+    with pytest.raises(SettingsError) as err:
+        load_settings({**GOOD, "VLLM_ONCALL_POST_LEASE_SECONDS": "15", "VLLM_ONCALL_SLACK_TIMEOUT_SECONDS": "10"})
+    assert str(err.value).count("\n") == 0
+    assert "VLLM_ONCALL_POST_LEASE_SECONDS (15) must be more than twice VLLM_ONCALL_SLACK_TIMEOUT_SECONDS (10)" \
+        in str(err.value)
+    for var, bad in (("VLLM_ONCALL_APPLY_GRACE_SECONDS", "1"), ("VLLM_ONCALL_POST_LEASE_SECONDS", "0"),
+                     ("VLLM_ONCALL_SLACK_TIMEOUT_SECONDS", "0.5")):
+        with pytest.raises(SettingsError) as err:
+            load_settings({**GOOD, var: bad})
+        assert str(err.value).startswith(f"invalid configuration: {var}:"), str(err.value)
+
+
+def test_a_kubernetes_patch_ends_within_half_the_apply_grace(kube_api):
+    from bot.kube.api import KubeApi, patch_bounds
+
+    assert patch_bounds(60) == (30, 30)  # the default grace, 120 s: 30 s per attempt, retries for 30 s
+    assert patch_bounds(4) == (2, 2) and patch_bounds(400) == (30, 200)  # never longer per attempt than 30 s
+    api = KubeApi(kube_api.api_client(), patch_within=4)
+    assert (api.patch_timeout, api.patch_retry.budget) == (2, 2)
+    assert api.retry.budget is None and api.request_timeout == 30  # the other calls are as they were
