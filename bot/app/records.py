@@ -122,6 +122,9 @@ class Incident(Model):
     # The verification step an applied change is in ("ready", "request", "soak"), so a restarted
     # bot resumes it (bot/app/rollout.py); None when no verification is under way.
     verification_step: str | None = None
+    # The verification run following the rollout, renewed while it runs (bot/app/leases.py): a
+    # run whose replica died is resumed by another once this runs out; None: no run holds it.
+    verify_lease: PostLease | None = None
 
     @field_serializer("state")
     def _plain_state(self, state: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
+from bot.app.leases import LeaseLost, VerifyLeases
 from bot.app.messages import REPORT, Messages, applied_note, reported
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy
@@ -53,9 +54,23 @@ class Rollout:
         self.cluster, self.store, self.cas, self.approvers = cluster, store, cas, approvers
         self.messages, self.metrics, self.policy, self.clock = messages, metrics, policy, clock
         self.steps = steps or VerifySteps()
+        self.leases = VerifyLeases(cas, policy, clock)
 
     def verify(self, name: str, clicked: MessageRef | None = None, resume_from: str | None = None
                ) -> Incident | None:
+        """Follow the rollout, unless this process or another live replica already does."""
+        if not self.leases.begin(name):
+            return self.store.get(name)
+        try:
+            return self._verify(name, clicked, resume_from)
+        except LeaseLost:
+            log.info("incident %s: another replica is following its rollout", name)
+            return self.store.get(name)
+        finally:
+            self.leases.end(name)
+
+    def _verify(self, name: str, clicked: MessageRef | None = None, resume_from: str | None = None
+                ) -> Incident | None:
         """Follow the rollout and report each step in the thread as it happens: (1) the new pod
         Ready, (2) vLLM's KV-cache line, (3) a real completion request, (4) a soak window. Only all
         four make the incident `verified`. `resume_from`: the step a restarted bot was in."""
@@ -154,22 +169,22 @@ class Rollout:
         return soaked
 
     def _step(self, name: str, step: str | None) -> Incident:
-        """Store the verification step on the incident, so a restarted bot resumes it."""
-        def mark(inc: Incident) -> Incident | None:
-            return inc.model_copy(update={"verification_step": step}) if inc.verification_step != step else None
-
-        incident = self.cas.mutate(name, mark) or self.store.get(name)
-        assert incident is not None, f"incident {name} vanished"
-        return incident
+        """Store the verification step with this run's lease (bot/app/leases.py)."""
+        return self.leases.step(name, step)
 
     def resume_interrupted(self, run: Callable[[Callable[[], object]], object]) -> list[str]:
-        """After a restart: verifications the stored step says were under way, resumed (each in
-        `run`) with a thread reply saying so. Returns their names."""
+        """Every sweep: renew this process's verify leases; resume (each in `run`, with a thread
+        reply saying so) the verifications whose run is gone: a restart, or a replica that died.
+        Each is taken over by CAS first, so one replica resumes it. Returns their names."""
+        self.leases.renew()
         resumed = []
-        for incident in self.store.list(cluster=self.cluster.name):
-            step = incident.verification_step
-            if step is None or incident.state != S.APPLIED:
+        for incident in self.store.list(cluster=self.cluster.name, state=S.APPLIED.value):
+            if incident.verification_step is None or not self.leases.abandoned(incident):
                 continue
+            taken = self.leases.take_over(incident.name)
+            if taken is None or taken.verification_step is None:
+                continue  # another replica took it first
+            incident, step = taken, taken.verification_step
             resumed.append(incident.name)
             if step == REPORT:  # killed between the move to applied and its report: report it now
                 applied = incident.applied
@@ -179,8 +194,8 @@ class Rollout:
                 step = "ready"
             else:
                 self.messages.reply(incident, None, Note(
-                    text=f":arrows_counterclockwise: The bot restarted during verification (step: {step}); "
-                         "resuming it."))
+                    text=f":arrows_counterclockwise: The bot restarted during verification (step: {step}), or "
+                         "the replica following it stopped; resuming it."))
             run(self._resumer(incident.name, step))
         return resumed
 
@@ -193,7 +208,7 @@ class Rollout:
         and only reported."""
         def change(inc: Incident) -> Incident | None:
             now = self.clock()
-            fields: dict[str, Any] = {"verification_step": None}  # every result ends the verification
+            fields: dict[str, Any] = {"verification_step": None, "verify_lease": None}  # every result ends it
             if inc.applied is not None:
                 outcome = RolloutOutcome(outcome=result.outcome, pod=result.pod, message=result.message, at=now)
                 fields["applied"] = inc.applied.model_copy(update={"rollout": outcome})

@@ -63,7 +63,6 @@ class OncallService:
                        clock, self.approvers)
         self.rollout = Rollout(cluster, store, cas, self.approvers, messages, self.metrics, self.policy, clock,
                                verify_steps)
-        self._resumed = False  # verifications a restart interrupted: resumed by the first sweep
         self.decisions = Decisions(cluster, store, cas, self.approvers, messages, proposer, self.intake,
                                    self.metrics, self._follow_rollout, clock)
 
@@ -99,12 +98,11 @@ class OncallService:
 
     def sweep(self) -> None:
         """Periodic: post incidents whose post failed (the chat was down), finish or report applies
-        left in `applying` (a lost answer, a killed replica), expire old proposals."""
+        left in `applying` (a lost answer, a killed replica), resume verifications whose run is
+        gone, expire old proposals."""
         self.posting.post_pending()
         self.decisions.resume_applying(self.cluster.name)
-        if not self._resumed:
-            self._resumed = True
-            self.rollout.resume_interrupted(self.run_later)
+        self.rollout.resume_interrupted(self.run_later)  # renews this process's verifications, resumes orphans
         self.expire()
 
     def expire(self) -> list[Incident]:

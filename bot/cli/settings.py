@@ -242,6 +242,7 @@ class Settings(BaseModel):
             problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
         problems += self._cluster_combinations()
         problems += self._lease_fits()
+        problems += self._renewals_fit()
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -254,6 +255,15 @@ class Settings(BaseModel):
         return [f"{ENV_VARS['post_lease_seconds']} ({self.post_lease_seconds:g}) must be more than twice "
                 f"{ENV_VARS['slack_timeout_seconds']} ({self.slack_timeout_seconds}): a post's retries get half "
                 "the lease and its last attempt must end inside it, or another replica may post the incident too"]
+
+    def _renewals_fit(self) -> list[str]:
+        """A running verification's lease (the apply grace) is renewed by every sweep: at least two
+        sweeps must fall inside it, or a live replica's verification could be taken over."""
+        if self.sweep_interval_seconds * 2 < self.apply_grace_seconds:
+            return []
+        return [f"{ENV_VARS['sweep_interval_seconds']} ({self.sweep_interval_seconds:g}) must be less than half "
+                f"{ENV_VARS['apply_grace_seconds']} ({self.apply_grace_seconds:g}): each sweep renews the verify "
+                "lease of the rollouts this replica follows"]
 
     def _cluster_combinations(self) -> list[str]:
         if not self.clusters:

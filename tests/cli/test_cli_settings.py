@@ -164,6 +164,7 @@ def test_the_recovery_time_outs_default_to_what_they_were_and_reach_the_wiring(s
     assert (s.post_lease_seconds, s.apply_grace_seconds, s.slack_timeout_seconds) == (60, 120, 10)
     env = {**GOOD, "SLACK_API_URL": slack.url, "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "folder",
            "VLLM_ONCALL_STATE_DIR": str(tmp_path), "VLLM_ONCALL_CLUSTER_SOURCE": "local",
+           "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS": "2",  # renews verify leases well inside the shortest grace here
            "VLLM_ONCALL_BUNDLE_DIR": str(Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle")}
     for lease, grace, timeout, budget in ((None, None, None, 30.0), ("7", "9", "3", 3.5)):
         given = {"VLLM_ONCALL_POST_LEASE_SECONDS": lease, "VLLM_ONCALL_APPLY_GRACE_SECONDS": grace,
@@ -193,6 +194,15 @@ def test_a_slack_timeout_that_leaves_no_room_in_the_post_lease_is_one_clear_line
         with pytest.raises(SettingsError) as err:
             load_settings({**GOOD, var: bad})
         assert str(err.value).startswith(f"invalid configuration: {var}:"), str(err.value)
+
+
+def test_a_sweep_too_slow_to_renew_a_verify_lease_inside_the_grace_is_one_clear_line():
+    with pytest.raises(SettingsError) as err:
+        load_settings({**GOOD, "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS": "60", "VLLM_ONCALL_APPLY_GRACE_SECONDS": "100"})
+    assert str(err.value).count("\n") == 0
+    assert "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS (60) must be less than half VLLM_ONCALL_APPLY_GRACE_SECONDS (100)" \
+        in str(err.value)
+    load_settings({**GOOD, "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS": "49", "VLLM_ONCALL_APPLY_GRACE_SECONDS": "100"})
 
 
 def test_a_kubernetes_patch_ends_within_half_the_apply_grace(kube_api):

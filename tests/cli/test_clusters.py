@@ -57,6 +57,7 @@ class TwoClusters:
                     "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube",
                     "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall", "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS": "1",
                     "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS": "3600",
+                    "VLLM_ONCALL_APPLY_GRACE_SECONDS": "7201",  # no sweep during a test: the test sweeps itself
                     "VLLM_ONCALL_SLACK_MAX_ATTEMPTS": "2", **extra_env}
         self.server, _ = build_server(load_settings(self.env))
         self.server.start()

@@ -315,3 +315,24 @@ def test_kill_during_verification_the_restarted_bot_resumes_it_and_reports_it_on
     world.start("a2")
     world.recovered_exactly_once()
     assert len(world.replies("restarted during verification")) == 1
+
+
+def test_a_replica_already_running_leaves_a_live_verification_alone_and_resumes_it_once_its_replica_dies(
+        world, kube_api):
+    kube_api.on_write = rollout_controller("starting", log=NEW_POD_LOG)  # the new pod is slow to be Ready
+    first, second = world.start("a", "b")
+    ts, value = world.posted(first)
+    world.click(first, value, ts)
+    assert wait_for(lambda: world.record().get("verify_lease") and world.replies("Applied by"), 15), world.logs()
+    leased = world.record()["verify_lease"]  # its verification is under way, waiting for Ready
+    time.sleep(GRACE + 2)  # longer than the grace: the first replica's sweeps keep renewing its verify lease
+    assert world.replies("resuming it") == [], "a live replica's verification was taken over"
+    renewed = world.record()["verify_lease"]
+    assert renewed["holder"] == leased["holder"] and renewed["until"] > leased["until"]
+    first.kill()
+    (new_pod,) = [p for p in kube_api.list("Pod", NS) if p["metadata"]["name"].endswith("-newpd")]
+    kube_api.edit("Pod", new_pod["metadata"]["name"], NS,
+                  lambda pod: pod.update(status=pod_status("vllm", "ready")))  # Ready at last
+    world.recovered_exactly_once()  # the second replica, running all along, took it over once the lease ran out
+    assert len(world.replies("resuming it")) == 1
+    assert second.proc.poll() is None

@@ -209,6 +209,9 @@ def test_approve_over_signed_http_patches_the_deployment_and_reports_the_rollout
     args = kube.get("Deployment", "vllm-llama3-8b", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
     new_value = incident.proposal.changes[0].after
     assert args[args.index("--max-model-len") + 1] == new_value != "32768"
-    assert world["store"].get(incident.name).state == "verified"
+    # the report is posted first, then the outcome is stored and the message re-rendered
+    wait_until(lambda: world["store"].get(incident.name).state == "verified", 30, "the verified state")
+    wait_until(lambda: "Applied by <@U0APPROVER>" in json.dumps(slack.delivered("chat.update")[-1].params["blocks"]),
+               30, "the message re-rendered as verified")
     final = slack.delivered("chat.update")[-1]
     assert "Applied by <@U0APPROVER>" in json.dumps(final.params["blocks"]) and final.params["ts"] == incident.slack_ts

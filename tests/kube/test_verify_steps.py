@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from kubeapi.objects import container, crashing_deployment, rollout_controller
@@ -50,13 +51,13 @@ class World:
         self.steps = VerifySteps(probe=None, request_timeout_seconds=request_timeout, soak_seconds=soak)
         self.service = self.make_service()
 
-    def make_service(self, run_later=None) -> OncallService:
+    def make_service(self, run_later=None, clock=None) -> OncallService:
         api = KubeApi(self.kube.api_client(), retry=RetryPolicy(attempts=2, sleep=lambda s: None))
         probe = ServingChecks(api, poll_seconds=0.05)
         chat = SlackChat(make_client("xoxb-verify", self.slack.url), "C0ALERTS", backoff_seconds=0.01)
         return OncallService(LiveCluster(api, name="verify", poll_seconds=0.02), KubeIncidentStore(api, "vllm-oncall"),
                              chat, Policy(approver_users=frozenset({APPROVER}), verify_timeout_seconds=10),
-                             metrics=chat.metrics, run_later=run_later,
+                             metrics=chat.metrics, run_later=run_later, **({"clock": clock} if clock else {}),
                              verify_steps=VerifySteps(probe=probe, request_timeout_seconds=self.steps.request_timeout_seconds,
                                                       soak_seconds=self.steps.soak_seconds))
 
@@ -163,6 +164,11 @@ def test_a_crash_in_the_soak_is_re_diagnosed_with_a_roll_back_button(world):
     assert "Roll back" in str(soak.params.get("blocks"))
 
 
+def later(minutes: float):
+    """A clock `minutes` ahead: a bot that starts after the one before it died."""
+    return lambda: datetime.now(UTC) + timedelta(minutes=minutes)
+
+
 def test_a_restart_mid_verification_resumes_the_step_it_was_in(world):
     w = world()
     queued: list = []
@@ -172,10 +178,41 @@ def test_a_restart_mid_verification_resumes_the_step_it_was_in(world):
     stored = first.store.get(incident.name)
     first.store.update(stored.model_copy(update={"verification_step": "soak"}))  # where it was when it died
 
-    restarted = w.make_service()
+    w.make_service().sweep()  # restarted at once: within the grace the change counts as being followed
+    assert not any("resuming it" in r for r in w.replies())
+    restarted = w.make_service(clock=later(3))
     restarted.sweep()
-    assert any("The bot restarted during verification (step: soak); resuming it." in r for r in w.replies())
+    assert any("The bot restarted during verification (step: soak), or the replica following it stopped; "
+               "resuming it." in r for r in w.replies())
     assert state(w, incident.name) == "verified"
     assert not w.vllm.requests  # it was past the request: only the soak ran again
     restarted.sweep()
     assert sum("resuming it" in r for r in w.replies()) == 1
+
+
+def test_a_live_replicas_verification_is_left_alone_and_a_dead_ones_is_resumed_by_one_replica(world):
+    w = world()
+    queued: list = []
+    first = w.make_service(run_later=queued.append)
+    incident = first.handle_alert(AlertTarget(namespace=NS, pod=w.pod["metadata"]["name"], container="vllm"))
+    assert first.approve(incident.name, APPROVER) == "applied"
+    # the first replica is in its soak step: it wrote the step with its lease (renewed by its sweeps)
+    first.rollout.leases.step(incident.name, "soak")
+    lease = first.store.get(incident.name).verify_lease
+    assert lease is not None and lease.holder == first.rollout.leases.holder
+
+    other = w.make_service(clock=later(1))  # another replica, while the first one still renews its lease
+    other.sweep()
+    assert not any("resuming it" in r for r in w.replies()) and state(w, incident.name) == "applied"
+
+    # the first replica dies: nobody renews; after the grace two replicas sweep at the same time
+    b, c = w.make_service(clock=later(3), run_later=queued.append), w.make_service(clock=later(3),
+                                                                                    run_later=queued.append)
+    b.sweep()
+    c.sweep()
+    assert sum("resuming it" in r for r in w.replies()) == 1, "exactly one replica took it over"
+    taken = w.service.store.get(incident.name).verify_lease
+    assert taken is not None and taken.holder == b.rollout.leases.holder
+    queued[-1]()  # b's resumed verification runs
+    assert state(w, incident.name) == "verified"
+    assert w.service.store.get(incident.name).verify_lease is None
