@@ -151,6 +151,11 @@ class RecordingChat:
     def reply(self, thread, note):
         self.replies.append((thread, note))
 
+    def find_reply(self, thread, key):
+        if self.down:
+            raise ChatUnavailable("conversations.replies: service_unavailable")
+        return any(t == thread and n.key == key for t, n in self.replies)
+
     def tell_user(self, channel, user, text):
         self.told.append((user, text))
 

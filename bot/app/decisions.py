@@ -204,7 +204,8 @@ class Decisions:
             return "already_decided"  # another replica resumed and reported it
         self.metrics.patches_applied.inc()
         self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, applied_note(user, result.message))
+        assert incident.proposal is not None
+        self.messages.reply(incident, clicked, applied_note(user, result.message, incident.proposal.digest))
         self.cas.mutate(name, reported)
         self.follow_rollout(name, clicked)
         return "applied"

@@ -16,8 +16,10 @@ log = logging.getLogger(__name__)
 REPORT = "report"
 
 
-def applied_note(user: str, message: str) -> Note:
-    return Note(text=f":white_check_mark: Applied by <@{user}>. {message}\nFollowing the rollout…")
+def applied_note(user: str, message: str, digest: str) -> Note:
+    """The "Applied" report; keyed by the proposal, so a resumed report is not sent twice."""
+    return Note(text=f":white_check_mark: Applied by <@{user}>. {message}\nFollowing the rollout…",
+                key=f"applied/{digest}")
 
 
 def reported(incident: Incident) -> Incident | None:
@@ -57,6 +59,22 @@ class Messages:
             self.chat.reply(thread, note)
         except ChatUnavailable as exc:
             log.warning("could not reply in the thread of %s: %s", incident.name, exc)
+
+    def reply_once(self, incident: Incident, note: Note) -> None:
+        """A keyed reply that an earlier run may have sent already (it was killed before it could
+        record so): looked for in the threads of the incident's messages first. A thread that
+        cannot be read does not stop the reply: a report said twice beats one never said."""
+        assert note.key is not None
+        threads = [m for m in [incident.message_ref(), *incident.copies] if m is not None]
+        for thread in threads:
+            try:
+                if self.chat.find_reply(thread, note.key):
+                    log.info("incident %s: its %s reply was already sent", incident.name, note.key)
+                    return
+            except ChatUnavailable as exc:
+                log.warning("could not read the thread of %s (%s); replying anyway", incident.name, exc)
+                break
+        self.reply(incident, None, note)
 
     def refuse(self, reason: str, channel: str | None, user: str, text: str) -> str:
         """Count a refused click and tell the user (only them) why; returns `reason`."""

@@ -108,7 +108,12 @@ class ChatPort(Protocol):
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         """Re-render a posted message in place from the incident's current state."""
 
-    def reply(self, thread: MessageRef, note: Note) -> None: ...
+    def reply(self, thread: MessageRef, note: Note) -> None:
+        """A reply in the thread of `thread`; a note with a key carries it (see find_reply)."""
+
+    def find_reply(self, thread: MessageRef, key: str) -> bool:
+        """Whether the bot's own reply with `key` is in the thread of `thread`. Raises
+        ChatUnavailable when it cannot tell."""
 
     def tell_user(self, channel: str, user: str, text: str) -> None:
         """A message only that user sees (Slack: ephemeral)."""

@@ -139,6 +139,9 @@ class Note(BaseModel):
     text: str
     diagnosis: DiagnosisResult | None = None
     rollback_incident: str | None = None
+    # A reply that must appear once (the "Applied" report): sent with it, so a bot that cannot
+    # tell whether it was sent (killed right after) looks for it in the thread first (find_reply).
+    key: str | None = None
 
 
 class AlertTarget(BaseModel):

@@ -188,8 +188,9 @@ class Rollout:
             resumed.append(incident.name)
             if step == REPORT:  # killed between the move to applied and its report: report it now
                 applied = incident.applied
-                self.messages.reply(incident, None, applied_note(applied.by if applied else "unknown",
-                                                                 applied.message if applied else ""))
+                digest = incident.proposal.digest if incident.proposal else incident.name
+                self.messages.reply_once(incident, applied_note(applied.by if applied else "unknown",
+                                                                applied.message if applied else "", digest))
                 self.cas.mutate(incident.name, reported)
                 step = "ready"
             else:

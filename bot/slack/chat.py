@@ -38,11 +38,12 @@ log = logging.getLogger(__name__)
 
 # Methods whose repetition does no harm: same result, no duplicate message.
 IDEMPOTENT = {"chat.update", "users.info", "usergroups.users.list", "auth.test", "chat.postEphemeral",
-              "conversations.history"}
+              "conversations.history", "conversations.replies"}
 SERVER_ERRORS = {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 CHANNEL_REFUSED = {"channel_not_found", "not_in_channel", "is_archived", "restricted_action"}
 SLACK_API_URL = "https://slack.com/api/"
 EVENT_TYPE = "vllm_oncall_incident"  # the metadata event type of every incident message
+NOTE_EVENT_TYPE = "vllm_oncall_note"  # ... and of a thread reply that must appear once (Note.key)
 # find_posted: how far before an attempt's start to look (Slack's clock against ours), and how much
 # history to read at most; a channel busier than that is "cannot tell", never "not posted".
 HISTORY_MARGIN = timedelta(minutes=10)
@@ -209,8 +210,28 @@ class SlackChat:
 
     def reply(self, thread: MessageRef, note: Note) -> None:
         text, blocks = note_message(note.text, note.diagnosis, note.rollback_incident, self.redactor)
+        metadata = {"event_type": NOTE_EVENT_TYPE, "event_payload": {"key": note.key}} if note.key else None
         self.call("chat.postMessage", self.client.chat_postMessage, channel=thread.channel, thread_ts=thread.ts,
-                  text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
+                  text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
+
+    def find_reply(self, thread: MessageRef, key: str) -> bool:
+        """conversations.replies of `thread` (the same history scopes as find_posted), at most
+        HISTORY_PAGES pages; only the bot's own replies count. A longer thread: ChatUnavailable."""
+        bot_id = self._bot_id()
+        cursor: str | None = None
+        for _ in range(HISTORY_PAGES):
+            resp = self.call("conversations.replies", self.client.conversations_replies, channel=thread.channel,
+                             ts=thread.ts, limit=HISTORY_PAGE, include_all_metadata=True, cursor=cursor)
+            for message in resp.get("messages") or []:
+                meta = message.get("metadata") or {}
+                if meta.get("event_type") == NOTE_EVENT_TYPE and (meta.get("event_payload") or {}).get("key") == key \
+                        and (not bot_id or message.get("bot_id") == bot_id):
+                    return True
+            cursor = (resp.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                return False
+        raise ChatUnavailable(f"conversations.replies: more than {HISTORY_PAGE * HISTORY_PAGES} replies in the "
+                              f"thread of {thread.ts}; cannot tell whether the reply was sent")
 
     def tell_user(self, channel: str, user: str, text: str) -> None:
         self.call("chat.postEphemeral", self.client.chat_postEphemeral, channel=channel, user=user, text=text)

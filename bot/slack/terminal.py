@@ -22,6 +22,7 @@ class TerminalChat:
         self._ts = itertools.count(1)
         self.posted: list[tuple[str, str]] = []  # (what, text), for tests and the demo summary
         self._keys: dict[tuple[str, str], MessageRef] = {}  # (channel, post_key) -> the message printed
+        self._replied: set[tuple[str, str, str]] = set()  # (channel, thread ts, key) of keyed replies printed
 
     def _print(self, banner: str, text: str) -> None:
         self.posted.append((banner, text))
@@ -52,6 +53,12 @@ class TerminalChat:
     def reply(self, thread: MessageRef, note: Note) -> None:
         _, blocks = note_message(note.text, note.diagnosis, note.rollback_incident, self.redactor)
         self._print(f"Reply in the message's thread ({thread.channel})", blocks_to_text(blocks))
+        if note.key:
+            self._replied.add((thread.channel, thread.ts, note.key))
+
+    def find_reply(self, thread: MessageRef, key: str) -> bool:
+        """Only a reply this process printed (as find_posted)."""
+        return (thread.channel, thread.ts, key) in self._replied
 
     def tell_user(self, channel: str, user: str, text: str) -> None:
         self._print(f"Only {user} sees (in {channel})", self.redactor.text(text) + "\n")

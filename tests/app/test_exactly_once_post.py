@@ -17,7 +17,7 @@ from kubeapi.objects import container, crashing_deployment
 from slackapi import Chaos
 
 from bot.app.ports import ChatUnavailable
-from bot.app.records import AlertTarget, Incident
+from bot.app.records import AlertTarget, Incident, MessageRef, Note
 from bot.app.service import OncallService, Policy
 from bot.kube.api import KubeApi
 from bot.kube.incidents import KubeIncidentStore
@@ -263,6 +263,21 @@ def test_find_posted_in_a_history_longer_than_its_bound_cannot_tell(slack):
     fill(slack, CHANNEL, 2100, start.timestamp())
     with pytest.raises(ChatUnavailable, match="cannot tell"):
         chat_for(slack).find_posted(None, "inc/k", start)
+
+
+def test_find_reply_finds_the_bots_own_keyed_reply_in_the_thread_and_nothing_else(slack):
+    chat = chat_for(slack)
+    parent = chat.client.chat_postMessage(channel=CHANNEL, text="incident")
+    thread = MessageRef(channel=CHANNEL, ts=parent["ts"])
+    chat.reply(thread, Note(text="chatter"))
+    assert not chat.find_reply(thread, "applied/d1")
+    chat.reply(thread, Note(text="Applied by someone", key="applied/d1"))
+    assert chat.find_reply(thread, "applied/d1") and not chat.find_reply(thread, "applied/d2")
+    (keyed,) = [m for m in slack.threads[(CHANNEL, parent["ts"])] if m.get("metadata")]
+    keyed["bot_id"] = "B0IMPOSTOR"  # the same key in another app's reply does not count
+    assert not chat.find_reply(thread, "applied/d1")
+    with pytest.raises(ChatUnavailable):  # a thread that cannot be read: cannot tell
+        chat.find_reply(MessageRef(channel=CHANNEL, ts="1.000001"), "applied/d1")
 
 
 @pytest.mark.parametrize("fault, ambiguous", [

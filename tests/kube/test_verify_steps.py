@@ -216,3 +216,37 @@ def test_a_live_replicas_verification_is_left_alone_and_a_dead_ones_is_resumed_b
     queued[-1]()  # b's resumed verification runs
     assert state(w, incident.name) == "verified"
     assert w.service.store.get(incident.name).verify_lease is None
+
+
+def test_a_bot_killed_after_slack_took_its_applied_reply_but_before_it_recorded_so_does_not_say_it_twice(world):
+    w = world()
+    queued: list = []
+    first = w.make_service(run_later=queued.append)  # its verification never runs: it dies
+    incident = first.handle_alert(AlertTarget(namespace=NS, pod=w.pod["metadata"]["name"], container="vllm"))
+    assert first.approve(incident.name, APPROVER) == "applied"
+    assert sum("Applied by" in r for r in w.replies()) == 1
+    stored = first.store.get(incident.name)  # as it was an instant before the "reported" write
+    first.store.update(stored.model_copy(update={"verification_step": "report"}))
+
+    restarted = w.make_service(clock=later(3))
+    restarted.sweep()
+    assert w.slack.delivered("conversations.replies"), "it looked in the thread first"
+    assert sum("Applied by" in r for r in w.replies()) == 1, "the Applied report was said twice"
+    assert state(w, incident.name) == "verified"
+
+
+def test_a_bot_killed_before_its_applied_reply_reached_slack_sends_it_once_on_resume(world):
+    w = world()
+    queued: list = []
+    first = w.make_service(run_later=queued.append)
+    incident = first.handle_alert(AlertTarget(namespace=NS, pod=w.pod["metadata"]["name"], container="vllm"))
+    w.slack.fail_next("chat.postMessage", status=429, retry_after=0, times=10)  # the Applied reply never lands
+    assert first.approve(incident.name, APPROVER) == "applied"
+    w.slack.clear_faults()
+    assert not any("Applied by" in r for r in w.replies())
+    stored = first.store.get(incident.name)
+    first.store.update(stored.model_copy(update={"verification_step": "report"}))  # killed before "reported"
+
+    w.make_service(clock=later(3)).sweep()
+    assert sum("Applied by" in r for r in w.replies()) == 1
+    assert state(w, incident.name) == "verified"

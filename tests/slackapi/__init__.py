@@ -97,6 +97,7 @@ class SlackStandIn:
         self.calls: list[Call] = []
         self.group_members: dict[str, list[str]] = {}
         self.messages: dict[str, list[dict[str, Any]]] = {}  # channel -> top-level posts, oldest first
+        self.threads: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (channel, parent ts) -> replies
         self.down = False
         self.socket_mode: Any = None  # a SocketModeStandIn: apps.connections.open hands out its URLs
         self.chaos: Chaos | None = None
@@ -264,8 +265,11 @@ class SlackStandIn:
                    "text": params.get("text"), "blocks": params.get("blocks")}
         if params.get("metadata"):
             message["metadata"] = params["metadata"]
-        if not params.get("thread_ts"):
-            with self._lock:
+        with self._lock:
+            if params.get("thread_ts"):  # a thread reply: kept under its parent, as conversations.replies reads it
+                self.threads.setdefault((channel, str(params["thread_ts"])), []).append(
+                    {**message, "thread_ts": str(params["thread_ts"])})
+            else:
                 self.messages.setdefault(channel, []).append(message)
         return 200, {"ok": True, "channel": channel, "ts": ts,
                      "message": {k: v for k, v in message.items() if k != "metadata"}}
@@ -286,11 +290,30 @@ class SlackStandIn:
         return 200, {"ok": True, "messages": messages, "has_more": more,
                      "response_metadata": {"next_cursor": f"offset_{offset + limit}" if more else ""}}
 
+    def _replies(self, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """conversations.replies: the parent first, then its replies oldest first, paged by cursor."""
+        channel, ts = str(params.get("channel") or ""), str(params.get("ts") or "")
+        with self._lock:
+            parent = next((m for m in self.messages.get(channel, []) if m["ts"] == ts), None)
+            replies = list(self.threads.get((channel, ts), []))
+        if parent is None:
+            return 200, {"ok": False, "error": "thread_not_found"}
+        limit = max(1, min(int(params.get("limit") or 100), 999))
+        offset = int(str(params.get("cursor") or "offset_0").removeprefix("offset_"))
+        with_metadata = str(params.get("include_all_metadata", "")).lower() in ("1", "true")
+        window = [parent, *replies]
+        page, more = window[offset:offset + limit], offset + limit < len(window)
+        messages = [m if with_metadata else {k: v for k, v in m.items() if k != "metadata"} for m in page]
+        return 200, {"ok": True, "messages": messages, "has_more": more,
+                     "response_metadata": {"next_cursor": f"offset_{offset + limit}" if more else ""}}
+
     def _effect(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if method == "chat.postMessage":
             return self._post(params)
         if method == "conversations.history":
             return self._history(params)
+        if method == "conversations.replies":
+            return self._replies(params)
         if method == "chat.update":
             return 200, {"ok": True, "channel": params.get("channel"), "ts": params.get("ts"),
                          "text": params.get("text")}
