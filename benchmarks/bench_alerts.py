@@ -118,10 +118,12 @@ def throughput_run(workloads: int, pods: int, alerts: int, workers: int) -> tupl
         sequence = [all_pods[i % len(all_pods)] for i in range(alerts)]
         start = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as senders:
-            list(senders.map(world.send, sequence))
-        received = world.service.metrics.alerts_received.labels("firing")
-        world.slack.wait_for(lambda: received._value.get() >= alerts, timeout=600)
-        world.bot.executor.wait_idle(600)
+            list(senders.map(world.send, sequence))  # every webhook answered 200: every alert admitted
+        # An alert for a pod whose earlier alert is still queued is folded into it (counted as a
+        # duplicate, never handled on its own), so "handled == sent" never comes: wait for the
+        # queue to drain instead, then check what the cluster and Slack show.
+        if not world.bot.executor.wait_idle(600):
+            raise SystemExit("the bot did not work through the alerts within 600 s")
         elapsed = time.monotonic() - start
         per_incident = [len(world.posts_for(w)) for w in world.pods]
         return alerts / elapsed, min(per_incident), max(per_incident)
