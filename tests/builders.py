@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,14 @@ SHARED_CORPUS = ROOT.parent / "shared" / "corpus"
 FIXTURE_BUNDLES = ROOT / "tests" / "fixtures" / "bundles"
 EXAMPLE = ROOT / "examples" / "incident"
 EXAMPLE_BUNDLE = EXAMPLE / "bundle"
+EXAMPLE_LOG = (EXAMPLE_BUNDLE / "previous.log").read_text()  # the bundled crash: the KV cache does not fit
+# What a fixed pod's vLLM prints: the KV-cache and concurrency lines verification reads, then the API server.
+NEW_POD_LOG = """\
+INFO 11-30 05:20:01 [gpu_worker.py:298] Available KV cache memory: 10.55 GiB
+INFO 11-30 05:20:01 [kv_cache_utils.py:1087] GPU KV cache size: 86,432 tokens
+INFO 11-30 05:20:01 [kv_cache_utils.py:1091] Maximum concurrency for 18,432 tokens per request: 4.69x
+INFO 11-30 05:20:40 [api_server.py:1971] Starting vLLM API server 0 on http://0.0.0.0:8000
+"""
 
 
 def write_bundle(folder: Path, log: str | bytes, pod: dict | None = None, node: dict | None = None,
@@ -107,3 +119,33 @@ def use_kubeconfig(monkeypatch, server: str, folder: Path) -> str:
     for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
         monkeypatch.delenv(var, raising=False)
     return path
+
+
+# ---- for tests that run the bot as a server or a process ---------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """(status, text) of a GET (or a POST with `body`); (0, "") when nothing answers."""
+    req = urllib.request.Request(url, data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def wait_for(predicate, timeout: float, step: float = 0.02) -> bool:
+    """Poll until `predicate()` holds or `timeout` seconds pass; returns whether it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())

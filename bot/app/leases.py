@@ -22,7 +22,7 @@ from datetime import datetime
 
 from bot.app.cas import IncidentCas
 from bot.app.policy import Policy
-from bot.app.records import Incident, PostLease
+from bot.app.records import Incident, Lease
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ class VerifyLeases:
         with self._lock:
             return name in self._running
 
-    def _lease(self) -> PostLease:
-        return PostLease(holder=self.holder, until=self.clock() + self.policy.apply_grace)
+    def _lease(self) -> Lease:
+        return Lease(holder=self.holder, until=self.clock() + self.policy.apply_grace)
 
     def _held_by_other(self, incident: Incident) -> bool:
         lease = incident.verify_lease

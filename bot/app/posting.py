@@ -27,20 +27,18 @@ from datetime import datetime
 from bot.app.cas import IncidentCas, noted
 from bot.app.messages import Messages
 from bot.app.metrics import Metrics
-from bot.app.policy import DEFAULT_POST_LEASE, Policy
+from bot.app.policy import Policy
 from bot.app.ports import ChatPort, ChatUnavailable, IncidentConflict, IncidentStore
-from bot.app.records import Incident, MessageRef, PostLease
+from bot.app.records import Incident, Lease, MessageRef
 
 log = logging.getLogger(__name__)
-
-POST_LEASE = DEFAULT_POST_LEASE  # the default Policy.post_lease: how long one attempt may hold the right to post
 
 
 @dataclass(frozen=True)
 class NewPost:
     """What a creator writes with the incident (one write) before its first post attempt."""
 
-    lease: PostLease
+    lease: Lease
     key: str  # the message's identity, sent in its metadata
     since: datetime  # no message with this key can be older
 
@@ -52,9 +50,9 @@ class Poster:
         self.store, self.chat, self.cas, self.messages = store, chat, cas, messages
         self.metrics, self.policy, self.clock = metrics, policy, clock
 
-    def new_lease(self) -> PostLease:
+    def new_lease(self) -> Lease:
         """A lease per posting attempt (not per replica: threads of one replica race too)."""
-        return PostLease(holder=f"{self.policy.replica}/{uuid.uuid4().hex[:8]}", until=self.clock() + self.policy.post_lease)
+        return Lease(holder=f"{self.policy.replica}/{uuid.uuid4().hex[:8]}", until=self.clock() + self.policy.post_lease)
 
     def new_post(self, name: str) -> NewPost:
         """A lease and a new message identity, for an incident whose next message is a new one."""
@@ -65,7 +63,7 @@ class Poster:
         lease = incident.post_lease
         return lease.holder if lease is not None and lease.until > self.clock() else None
 
-    def ensure_posted(self, name: str, received_at: float | None = None, lease: PostLease | None = None,
+    def ensure_posted(self, name: str, received_at: float | None = None, lease: Lease | None = None,
                       known: Incident | None = None) -> Incident | None:
         """Post the incident unless it is posted or someone else holds the post lease.
 

@@ -50,10 +50,11 @@ class CompletionCheck(Model):
     diagnosis: DiagnosisResult | None = None  # a failed request, re-diagnosed from the pod's log
 
 
-class PostLease(Model):
-    """The one posting attempt allowed to post the incident until `until` (then anyone may)."""
+class Lease(Model):
+    """Who alone may do one job on the incident until `until` (then anyone may take it over): post
+    it (`post_lease`, one holder per attempt) or follow its rollout (`verify_lease`, per process)."""
 
-    holder: str  # "<replica>/<token>": one token per attempt, threads of one replica race too
+    holder: str  # "<replica>/<token>"
     until: datetime
 
 
@@ -99,7 +100,7 @@ class Incident(Model):
     approver: str | None = None
     decided_at: datetime | None = None
     # Set by the application, read by it; records written before these fields load with None.
-    post_lease: PostLease | None = None  # None: nobody is posting it (or it is posted)
+    post_lease: Lease | None = None  # None: nobody is posting it (or it is posted)
     # The identity of the incident's (next) message, "<name>/<random>", stored with the post lease
     # before the first attempt and sent in the message's metadata; after an ambiguous answer or a
     # kill, the channel's history is searched for it before posting again (bot/app/posting.py).
@@ -124,7 +125,7 @@ class Incident(Model):
     verification_step: str | None = None
     # The verification run following the rollout, renewed while it runs (bot/app/leases.py): a
     # run whose replica died is resumed by another once this runs out; None: no run holds it.
-    verify_lease: PostLease | None = None
+    verify_lease: Lease | None = None
 
     @field_serializer("state")
     def _plain_state(self, state: str) -> str:

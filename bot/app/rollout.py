@@ -78,12 +78,12 @@ class Rollout:
         if incident is None or incident.proposal is None:
             return None
         rollback = name if incident.applied is not None else None  # a Roll back button only for a change made
-        self._step(name, "ready")
+        self.leases.step(name, "ready")
         try:
             result = self.cluster.verify(incident.proposal.workload, self.policy.verify_timeout_seconds)
         except Exception as exc:
             log.exception("verification of %s failed", name)
-            incident = self._step(name, None)
+            incident = self.leases.step(name, None)
             self.messages.reply(incident, clicked, Note(text=f"Could not follow the rollout: {exc}",
                                                         rollback_incident=rollback))
             return incident
@@ -135,7 +135,7 @@ class Rollout:
     def _request(self, name: str, probe: ServingProbe, workload: WorkloadRef, pod: str,
                  clicked: MessageRef | None, rollback: str | None) -> Incident | None:
         """Step 3; the failed incident, or None when the request succeeded."""
-        incident = self._step(name, "request")
+        incident = self.leases.step(name, "request")
         check = probe.ask(workload, pod, self.steps.request_timeout_seconds)
         if check.ok:
             self.messages.reply(incident, clicked, Note(text=f":speech_balloon: 3/4 {check.message}"))
@@ -151,7 +151,7 @@ class Rollout:
     def _soak(self, name: str, probe: ServingProbe, workload: WorkloadRef, pod: str,
               clicked: MessageRef | None, rollback: str | None) -> Verification:
         """Step 4: no restart and no crash for the soak window."""
-        incident = self._step(name, "soak")
+        incident = self.leases.step(name, "soak")
         self.messages.reply(incident, clicked, Note(
             text=f":hourglass_flowing_sand: 4/4 Soak: watching {pod} for {self.steps.soak_seconds:g} s."))
         started = self.clock()
@@ -167,10 +167,6 @@ class Rollout:
             self.messages.reply(incident, clicked, Note(text=f":x: 4/4 {soaked.message}", diagnosis=soaked.diagnosis,
                                                         rollback_incident=rollback))
         return soaked
-
-    def _step(self, name: str, step: str | None) -> Incident:
-        """Store the verification step with this run's lease (bot/app/leases.py)."""
-        return self.leases.step(name, step)
 
     def resume_interrupted(self, run: Callable[[Callable[[], object]], object]) -> list[str]:
         """Every sweep: renew this process's verify leases; resume (each in `run`, with a thread

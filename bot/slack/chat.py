@@ -179,23 +179,31 @@ class SlackChat:
         #name: Settings requires one). At most HISTORY_PAGES pages back to `since` less
         HISTORY_MARGIN; a longer history raises ChatUnavailable (cannot tell), never None."""
         channel = channel or self.default_channel
-        bot_id = self._bot_id()
         oldest = f"{(since - HISTORY_MARGIN).timestamp():.6f}"
+        found = self._own_message("conversations.history", self.client.conversations_history, EVENT_TYPE,
+                                  "post_key", post_key, channel=channel, oldest=oldest)
+        return MessageRef(channel=channel, ts=str(found["ts"])) if found is not None else None
+
+    def _own_message(self, method: str, fn: Callable[..., Any], event_type: str, field: str, value: str,
+                     **kwargs: Any) -> dict[str, Any] | None:
+        """The bot's own message whose metadata (`event_type`) has `field` == `value`, read page by
+        page (at most HISTORY_PAGES of HISTORY_PAGE); None when the last page is read without it.
+        Only the bot's own messages count, so another app cannot pose as it. More pages than the
+        bound: ChatUnavailable (cannot tell), never None."""
+        bot_id = self._bot_id()
         cursor: str | None = None
         for _ in range(HISTORY_PAGES):
-            resp = self.call("conversations.history", self.client.conversations_history, channel=channel,
-                             oldest=oldest, limit=HISTORY_PAGE, include_all_metadata=True, cursor=cursor)
+            resp = self.call(method, fn, limit=HISTORY_PAGE, include_all_metadata=True, cursor=cursor, **kwargs)
             for message in resp.get("messages") or []:
                 meta = message.get("metadata") or {}
-                payload = meta.get("event_payload") or {}
-                if meta.get("event_type") == EVENT_TYPE and payload.get("post_key") == post_key and (
-                        not bot_id or message.get("bot_id") == bot_id):  # another app cannot pose as ours
-                    return MessageRef(channel=channel, ts=str(message["ts"]))
+                if meta.get("event_type") == event_type and (meta.get("event_payload") or {}).get(field) == value \
+                        and (not bot_id or message.get("bot_id") == bot_id):
+                    return dict(message)
             cursor = (resp.get("response_metadata") or {}).get("next_cursor") or None
             if not cursor:
                 return None
-        raise ChatUnavailable(f"conversations.history: more than {HISTORY_PAGE * HISTORY_PAGES} messages in "
-                              f"{channel} since the first attempt; cannot tell whether it was posted")
+        raise ChatUnavailable(f"{method}: more than {HISTORY_PAGE * HISTORY_PAGES} messages to read; "
+                              "cannot tell whether it was sent")
 
     def _bot_id(self) -> str:
         """This bot's bot_id (auth.test, asked once): only its own messages count as posted."""
@@ -215,23 +223,10 @@ class SlackChat:
                   text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
 
     def find_reply(self, thread: MessageRef, key: str) -> bool:
-        """conversations.replies of `thread` (the same history scopes as find_posted), at most
-        HISTORY_PAGES pages; only the bot's own replies count. A longer thread: ChatUnavailable."""
-        bot_id = self._bot_id()
-        cursor: str | None = None
-        for _ in range(HISTORY_PAGES):
-            resp = self.call("conversations.replies", self.client.conversations_replies, channel=thread.channel,
-                             ts=thread.ts, limit=HISTORY_PAGE, include_all_metadata=True, cursor=cursor)
-            for message in resp.get("messages") or []:
-                meta = message.get("metadata") or {}
-                if meta.get("event_type") == NOTE_EVENT_TYPE and (meta.get("event_payload") or {}).get("key") == key \
-                        and (not bot_id or message.get("bot_id") == bot_id):
-                    return True
-            cursor = (resp.get("response_metadata") or {}).get("next_cursor") or None
-            if not cursor:
-                return False
-        raise ChatUnavailable(f"conversations.replies: more than {HISTORY_PAGE * HISTORY_PAGES} replies in the "
-                              f"thread of {thread.ts}; cannot tell whether the reply was sent")
+        """The bot's own reply with `key` in the thread of `thread` (conversations.replies: the same
+        history scopes as find_posted, the same bound)."""
+        return self._own_message("conversations.replies", self.client.conversations_replies, NOTE_EVENT_TYPE,
+                                 "key", key, channel=thread.channel, ts=thread.ts) is not None
 
     def tell_user(self, channel: str, user: str, text: str) -> None:
         self.call("chat.postEphemeral", self.client.chat_postEphemeral, channel=channel, user=user, text=text)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import socket
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
+from builders import EXAMPLE_LOG
 from kubeapi.objects import container, crashing_deployment
 from slackapi import Chaos
 
@@ -25,9 +25,8 @@ from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
 from bot.slack.chat import EVENT_TYPE, SlackChat, make_client
 
-EXAMPLE_LOG = (Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle" / "previous.log").read_text()
 NS, CHANNEL = "inference", "C0ALERTS"
-LEASE_OVER = timedelta(seconds=61)  # a little more than bot.app.posting.POST_LEASE
+LEASE_OVER = timedelta(seconds=61)  # a little more than the default post lease (bot.app.policy)
 
 
 class Clock:

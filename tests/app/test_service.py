@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeCluster, RecordingChat, kv_diagnosis
 
-from bot.app.records import AlertTarget, ApplyResult, MessageRef, PostLease, Verification
+from bot.app.records import AlertTarget, ApplyResult, Lease, MessageRef, Verification
 from bot.app.service import OncallService, Policy
 from bot.app.state import IncidentState
 from bot.diagnosis.models import DiagnosisResult
@@ -322,7 +322,7 @@ def test_a_post_lease_keeps_other_posters_out_until_it_runs_out(cluster, chat, t
     stored = svc.store.get(incident.name)
     assert stored.slack_ts is None and stored.post_lease is None  # the failed post released it
     # Another replica takes the lease, then dies before posting.
-    svc.store.update(stored.model_copy(update={"post_lease": PostLease(holder="replica-b/0000",
+    svc.store.update(stored.model_copy(update={"post_lease": Lease(holder="replica-b/0000",
                                                                         until=T0 + timedelta(seconds=60))}))
     chat.down = False
     svc.sweep()

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
+from builders import EXAMPLE_LOG
 from kubeapi.objects import container, crashing_deployment, deployment
 from kubeapi.server import Chaos
 from slack_bolt.request import BoltRequest
@@ -27,7 +27,6 @@ from bot.remedy.models import Proposal
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client
 
-EXAMPLE_LOG = (Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle" / "previous.log").read_text()
 SECRET = "trusted-approvals-secret"
 NS, APPROVER = "inference", "U0APPROVER"
 ARGS = ["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from builders import free_port, http
 from slackapi import SlackStandIn
 from slackapi.requests import command_payload
 
@@ -20,20 +20,6 @@ from bot.cli.settings import load_settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
 
 
 def env_for(slack: SlackStandIn, tmp_path: Path, port: int) -> dict[str, str]:
@@ -52,8 +38,8 @@ def test_serve_process_takes_an_alert_to_slack(slack, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert slack.wait_for(lambda: get(base + "/readyz")[0] == 200, 30), "never became ready"
-        assert get(base + "/healthz") == (200, "ok\n")
+        assert slack.wait_for(lambda: http(base + "/readyz")[0] == 200, 30), "never became ready"
+        assert http(base + "/healthz") == (200, "ok\n")
         body = (ROOT / "examples" / "incident" / "alert.json").read_bytes()
         req = urllib.request.Request(base + "/alerts", data=body, headers={"Authorization": "Bearer tok",
                                                                            "Content-Type": "application/json"})
@@ -63,14 +49,14 @@ def test_serve_process_takes_an_alert_to_slack(slack, tmp_path):
         assert "serve-test" in json.dumps(slack.posts()[0].params["blocks"])
         assert slack.delivered("auth.test"), "readiness asked Slack"
         # the stand-in records the post before the bot has read Slack's answer and counted it
-        assert slack.wait_for(lambda: "vllm_oncall_incidents_posted_total 1.0" in get(base + "/metrics")[1], 30)
-        assert get(base + "/metrics")[0] == 200
+        assert slack.wait_for(lambda: "vllm_oncall_incidents_posted_total 1.0" in http(base + "/metrics")[1], 30)
+        assert http(base + "/metrics")[0] == 200
         # posted once, carrying the identity it was stored with (nothing to recover on a clean post)
         [message] = slack.channel_messages("C0ALERTS")
         [record] = [json.loads(p.read_text()) for p in (tmp_path / "state").rglob("*.json")]
         assert message["ts"] == record["slack_ts"] and message["metadata"]["event_payload"] == {
             "incident": record["name"], "post_key": record["post_key"]}
-        assert "vllm_oncall_posts_recovered_total 0.0" in get(base + "/metrics")[1]
+        assert "vllm_oncall_posts_recovered_total 0.0" in http(base + "/metrics")[1]
         proc.terminate()  # SIGTERM, as Kubernetes sends it
         assert proc.wait(15) == 0
     finally:

@@ -12,29 +12,19 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
-from builders import kubeconfig_with
+from builders import EXAMPLE_LOG, http, kubeconfig_with
 from kubeapi.objects import container, crashing_deployment
 from slackapi.requests import button_value, click_body, command_body, signed_headers
 
 from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
 
-EXAMPLE_LOG = (Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle" / "previous.log").read_text()
 SECRET = "two-clusters-secret"
 NS, DEPLOY, APPROVER, CHANNEL = "inference", "vllm", "U0APPROVER", "C0ALERTS"
 ARGS = ["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"]
 
-
-def http(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=body, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 class TwoClusters:

@@ -22,12 +22,10 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from builders import kubeconfig_for
+from builders import EXAMPLE_LOG, NEW_POD_LOG, free_port, http, kubeconfig_for, wait_for
 from kubeapi.objects import container, crashing_deployment, pod_status, rollout_controller
 from kubeapi.vllmpod import ScriptedVllm
 from slackapi.requests import button_value, click_body, signed_headers
@@ -35,13 +33,6 @@ from slackapi.requests import button_value, click_body, signed_headers
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_LOG = (ROOT / "examples" / "incident" / "bundle" / "previous.log").read_text()
-NEW_POD_LOG = """\
-INFO 11-30 05:20:01 [gpu_worker.py:298] Available KV cache memory: 10.55 GiB
-INFO 11-30 05:20:01 [kv_cache_utils.py:1087] GPU KV cache size: 86,432 tokens
-INFO 11-30 05:20:01 [kv_cache_utils.py:1091] Maximum concurrency for 18,432 tokens per request: 4.69x
-INFO 11-30 05:20:40 [api_server.py:1971] Starting vLLM API server 0 on http://0.0.0.0:8000
-"""
 NS, DEPLOY, APPROVER, CHANNEL = "inference", "vllm-a", "U0APPROVER", "C0ALERTS"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ARGS = ["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"]
@@ -50,32 +41,7 @@ LEASE, GRACE, SLACK_TIMEOUT = 3.0, 8.0, 1  # post lease, apply grace (a patch ge
 HELD = 20.0  # how long a held answer is delayed: far longer than any step of the test
 
 
-def http(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=body, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, step: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return bool(predicate())
 
 
 class Bot:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from builders import EXAMPLE_LOG, free_port
 from kubeapi.objects import container, crashing_deployment, rollout_controller, start_pod
 from kubeapi.server import FakeKube
 from slackapi import SlackStandIn
@@ -43,7 +43,6 @@ pytestmark = [pytest.mark.integration,
                                  reason="prometheus-alertmanager is not installed "
                                  "(apt-get install prometheus-alertmanager; .ci/run does)")]
 
-EXAMPLE_LOG = (Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle" / "previous.log").read_text()
 TOKEN = "am-webhook-token"
 SIGNING_SECRET = "e2e-signing-secret"
 NEW_POD_LOG = ("INFO 11-30 05:20:14 [gpu_worker.py:298] Available KV cache memory: 2.34 GiB\n"
@@ -52,11 +51,6 @@ NEW_POD_LOG = ("INFO 11-30 05:20:14 [gpu_worker.py:298] Available KV cache memor
                "INFO 11-30 05:20:40 [api_server.py:1971] Starting vLLM API server 0 on http://0.0.0.0:8000\n")
 NS = "inference"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float = 30, what: str = "condition") -> None:

@@ -31,9 +31,9 @@ previous log, so one log read):
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from builders import EXAMPLE_LOG
 from kubeapi.objects import container, crashing_deployment
 from kubeapi.server import FakeKube
 from slackapi import SlackStandIn
@@ -46,7 +46,6 @@ from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
 from bot.slack.chat import SlackChat, make_client
 
-EXAMPLE_LOG = (Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle" / "previous.log").read_text()
 NS = "inference"
 # What the cluster side costs for one new alert: every read once, one dry run.
 CLUSTER_CALLS = {"get pods": 1, "get pods/log": 1, "get nodes": 1, "get deployments": 1,

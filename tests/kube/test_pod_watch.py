@@ -8,9 +8,9 @@ crash and post none twice; two replicas watching post once."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
+from builders import EXAMPLE_LOG
 from kubeapi.objects import container, deployment, node, start_pod
 from kubeapi.server import FakeKube
 from slackapi import SlackStandIn
@@ -24,7 +24,6 @@ from bot.kube.retry import RetryPolicy
 from bot.kube.watch import PodState, PodWatch, WatchSettings, as_alert, is_vllm_container
 from bot.slack.chat import SlackChat, make_client
 
-EXAMPLE_LOG = (Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle" / "previous.log").read_text()
 NS = "inference"
 SETTINGS = WatchSettings(namespaces=(NS,), timeout_seconds=5, backoff_initial=0.02, backoff_max=0.2)
 

@@ -4,14 +4,13 @@ names and labels; the bot's adapter (bot/kube/prometheus.py) asks its HTTP API."
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from builders import require
+from builders import free_port, require
 from kubeapi.dcgm import DcgmExporter, Gpu
 from test_verify_steps import MODEL, World
 
@@ -22,11 +21,6 @@ NS = "inference"
 
 
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RealPrometheus:

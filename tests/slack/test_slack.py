@@ -20,7 +20,7 @@ from slack_bolt.request import BoltRequest
 from slackapi import SlackStandIn
 from slackapi.requests import CHANNEL, SECRET, click_body, click_payload, decision_value, signed_headers
 
-from bot.app.posting import POST_LEASE
+from bot.app.policy import DEFAULT_POST_LEASE as POST_LEASE
 from bot.app.records import AlertTarget, MessageRef
 from bot.app.service import OncallService, Policy
 from bot.http.server import BotServer

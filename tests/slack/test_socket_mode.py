@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from builders import use_kubeconfig
+from builders import EXAMPLE_LOG, NEW_POD_LOG, use_kubeconfig
 from kubeapi.objects import container, crashing_deployment, rollout_controller
 from kubeapi.vllmpod import ScriptedVllm
 from slackapi.requests import button_value, click_payload, command_payload
@@ -31,13 +31,6 @@ from bot.cli.settings import load_settings
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_LOG = (ROOT / "examples" / "incident" / "bundle" / "previous.log").read_text()
-NEW_POD_LOG = """\
-INFO 11-30 05:20:01 [gpu_worker.py:298] Available KV cache memory: 10.55 GiB
-INFO 11-30 05:20:01 [kv_cache_utils.py:1087] GPU KV cache size: 86,432 tokens
-INFO 11-30 05:20:01 [kv_cache_utils.py:1091] Maximum concurrency for 18,432 tokens per request: 4.69x
-INFO 11-30 05:20:40 [api_server.py:1971] Starting vLLM API server 0 on http://0.0.0.0:8000
-"""
 NS, APPROVER, CHANNEL = "inference", "U0APPROVER", "C0ALERTS"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ARGS = ["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"]
