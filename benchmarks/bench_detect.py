@@ -40,7 +40,7 @@ from bot.kube.api import KubeApi  # noqa: E402
 from bot.kube.incidents import KubeIncidentStore  # noqa: E402
 from bot.kube.live import LiveCluster  # noqa: E402
 from bot.kube.retry import RetryPolicy  # noqa: E402
-from bot.kube.watch import PodWatch, WatchSettings, as_alert  # noqa: E402
+from bot.kube.watch import PodWatch, WatchSettings  # noqa: E402
 from bot.slack.chat import SlackChat, make_client  # noqa: E402
 
 LOG = (ROOT / "examples" / "incident" / "bundle" / "previous.log").read_text()
@@ -87,7 +87,8 @@ def run(crashes: int) -> list[float]:
     service = OncallService(LiveCluster(api, name="bench"), KubeIncidentStore(api, "vllm-oncall"), chat,
                             Policy(approver_users=frozenset({"U0A"})), metrics=chat.metrics)
     bot = BotServer(service, workers=4).start()
-    watch = PodWatch(api, lambda c: service.handle_alert(as_alert(c)), WatchSettings(namespaces=(NS,))).start()
+    # the watch's crashes go into the server's work queue, as in `serve`
+    watch = PodWatch(api, bot.executor, bot.router.handle_alert, WatchSettings(namespaces=(NS,))).start()
     took = []
     try:
         if not kube.wait_for_watchers(1, timeout=30):

@@ -17,7 +17,7 @@ from bot.app.incidents import incident_name
 from bot.app.intake import Intake
 from bot.app.messages import REPORT, Messages, applied_note, reported
 from bot.app.metrics import Metrics
-from bot.app.policy import DEFAULT_APPLY_GRACE, PROPOSALS_ONLY
+from bot.app.policy import PROPOSALS_ONLY
 from bot.app.ports import ClusterPort, IncidentStore
 from bot.app.proposals import Proposer, offers_button, open_state
 from bot.app.records import AlertTarget, AppliedChange, ApplyResult, Incident, MessageRef, Note
@@ -27,10 +27,6 @@ from bot.remedy import changes as ch
 
 log = logging.getLogger(__name__)
 S = IncidentState
-# The default Policy.apply_grace: how long an incident may sit in `applying` before the sweep
-# assumes its applier died or lost the answer, and resumes it. An applier starts its patch only
-# while the patch (Policy.patch_seconds, with its retries) can end inside the grace.
-APPLY_GRACE = DEFAULT_APPLY_GRACE
 
 
 class Decisions:

@@ -78,7 +78,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def _demo(example: Path, state: Path, approve: bool, books, keep: bool) -> int:
     from bot.app.service import OncallService, Policy
     from bot.http.alerts import AlertIntake
-    from bot.http.executor import InlineExecutor
+    from bot.app.work import InlineExecutor
     from bot.local.cluster import LocalCluster
     from bot.local.store import FolderIncidentStore
     from bot.slack.terminal import TerminalChat
@@ -233,17 +233,18 @@ def verify_steps(settings, cluster):  # -> VerifySteps
                        soak_seconds=settings.verify_soak_seconds)
 
 
-def start_watch(settings, cluster, service):  # -> PodWatch | None
+def start_watch(settings, cluster, router, work):  # -> PodWatch | None
     """VLLM_ONCALL_WATCH: a pod watch whose crashes go the alert's way (service.handle_alert), so
     the later KubePodCrashLooping alert folds into the incident the watch opened. Daemon threads:
     they end with the process; the incidents are in the store."""
     if not settings.watch:
         return None
-    from bot.kube.watch import PodWatch, WatchSettings, as_alert
+    from bot.kube.watch import PodWatch, WatchSettings
 
     watch_settings = WatchSettings(namespaces=tuple(settings.watch_namespaces),
                                    label_selector=settings.watch_label_selector)
-    watcher = PodWatch(cluster.api, lambda crash: service.handle_alert(as_alert(crash)), watch_settings)
+    watcher = PodWatch(cluster.api, work, router.handle_alert, watch_settings,
+                       cluster=cluster.name if len(router) > 1 else None)
     of = f" in cluster {cluster.name}" if settings.clusters else ""
     logging.getLogger(__name__).info("pod watch started%s%s", of,
                                      _watch_summary(settings).removeprefix("; pod watch on"))
@@ -407,7 +408,7 @@ def build_server(settings):  # -> tuple[BotServer, SocketModeHandler | None]
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds,
                        cluster_label=settings.cluster_label)
     for service in router:  # one pod watch per cluster, stopped with the server
-        watch = start_watch(settings, service.cluster, service)
+        watch = start_watch(settings, service.cluster, router, server.executor)
         if watch is not None:
             server.on_stop.append(watch.stop)
     socket_handler = None

@@ -21,12 +21,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot.app.router import ClusterRouter
 from bot.app.service import OncallService
+from bot.app.work import WorkQueue
 from bot.http.alerts import AlertIntake
-from bot.http.executor import WorkQueue
 from bot.http.wire import Closed, Limits, Rejected, Request, printable, read_request, response_bytes
 
 log = logging.getLogger(__name__)
-MAX_BODY = Limits.max_body_bytes
 HANDLER_THREADS = 8
 
 
@@ -94,12 +93,13 @@ class BotServer:
                  alertnames: tuple[str, ...] | list[str] = ("KubePodCrashLooping",), workers: int = 4,
                  queue_size: int = 100, bolt_app: Any = None, readiness_checks: dict[str, Callable[[], Any]] | None = None,
                  host: str = "127.0.0.1", port: int = 0, sweep_interval: float = 30, limits: Limits | None = None,
-                 max_pending_alerts: int = 100_000, cluster_label: str = "cluster"):
+                 max_pending_alerts: int = 100_000, cluster_label: str = "cluster", work: WorkQueue | None = None):
         self.router = ClusterRouter.of(service)  # one cluster or several (bot.app.router)
         self.service = self.router.default
         self.metrics = self.router.metrics
         self.limits = limits or Limits()
-        self.executor = WorkQueue(workers, queue_size, max_pending_alerts)
+        # The one work queue: the alerts' and, when `serve` shares it with them, the pod watches'.
+        self.executor = work if work is not None else WorkQueue(workers, queue_size, max_pending_alerts)
         # Rollout verification can take many minutes: keep it off the alert workers.
         self.followups = ThreadPoolExecutor(max_workers=2, thread_name_prefix="followup")
         for each in self.router:
