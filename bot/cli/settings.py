@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bot.slack import ids as slack_ids
+
 # setting name -> environment variable. Slack's own variables keep Slack's usual names.
 ENV_VARS: dict[str, str] = {
     "cluster_name": "VLLM_ONCALL_CLUSTER",
@@ -169,7 +171,7 @@ class Settings(BaseModel):
         # After an unclear answer from Slack the bot looks for its message in the channel's history
         # (conversations.history), which takes an ID only: a #name could not be checked, so the
         # bot could neither prove a post happened nor safely post again.
-        if not (v[:1] in ("C", "G") and v[1:].isalnum() and v == v.upper() and len(v) >= 3):
+        if not slack_ids.is_channel(v):
             raise ValueError(f"must be the channel's ID (like C0123ABCDEF, in the channel's About tab), not "
                              f"{v!r}: the bot checks the channel's history by ID before posting again")
         return v
@@ -177,7 +179,7 @@ class Settings(BaseModel):
     @field_validator("approver_users")
     @classmethod
     def _user_ids(cls, v: list[str]) -> list[str]:
-        bad = [u for u in v if u[:1] not in ("U", "W")]
+        bad = [u for u in v if not slack_ids.is_user(u)]
         if bad:
             raise ValueError(f"Slack user ids start with U or W, not {', '.join(bad)}")
         return v
@@ -185,7 +187,7 @@ class Settings(BaseModel):
     @field_validator("approver_groups")
     @classmethod
     def _group_ids(cls, v: list[str]) -> list[str]:
-        bad = [g for g in v if not g.startswith("S")]
+        bad = [g for g in v if not slack_ids.is_group(g)]
         if bad:
             raise ValueError(f"Slack user group ids start with S, not {', '.join(bad)}")
         return v
@@ -193,11 +195,9 @@ class Settings(BaseModel):
     @field_validator("approver_scopes", mode="before")
     @classmethod
     def _scopes(cls, v: Any) -> Any:
-        from bot.app.policy import parse_scopes
-
         if v is None or v == "":
             return {}
-        scopes = parse_scopes(v)  # a ValueError names the bad part
+        scopes = slack_ids.parse_scopes(v)  # a ValueError names the bad part
         return {s.namespaces: sorted(s.users | s.groups) + sorted(f"@{c}" for c in s.channels) for s in scopes}
 
     @field_validator("redact_patterns")

@@ -29,7 +29,7 @@ from bot.app.metrics import Metrics
 from bot.app.policy import DEFAULT_POST_LEASE
 from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
-from bot.app.retrying import RetryEvent, RetryPolicy
+from bot.app.retrying import RetryPolicy
 from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
 from bot.diagnosis.redact import Redactor
 from bot.slack.blocks import incident_message, note_message
@@ -135,7 +135,8 @@ class SlackChat:
         self.metrics = metrics or Metrics()
         # The shared policy; `sleep` is injectable so a test can see the waits without waiting.
         self.retries = RetryPolicy(attempts=max_attempts, initial=backoff_seconds, maximum=10, jitter=0.1,
-                                   max_retry_after=max_retry_after_seconds, sleep=sleep, clock=clock)
+                                   max_retry_after=max_retry_after_seconds, sleep=sleep, clock=clock,
+                                   count=self.metrics.count_retry)
         # An incident's post must end inside its post lease (Policy.post_lease): after that another
         # replica may take the lease and post, so retrying past it risks a duplicate. build_server
         # passes post_budget(lease).
@@ -144,15 +145,10 @@ class SlackChat:
     # ---- the one place every Web API call goes through ----------------------------------
 
     def call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None = None, **kwargs: Any) -> Any:
-        def on_retry(event: RetryEvent) -> None:
-            self.metrics.slack_retries.labels(method, event.reason).inc()
-            capped = f" (Retry-After {event.retry_after:.0f}s capped)" if event.capped else ""
-            log.warning("Slack %s failed (%s: %s), retry %d of %d%s", method, event.reason, event.error,
-                        event.attempt, event.attempts - 1, capped)
-
         try:
-            return (policy or self.retries).run(fn, reason_of=lambda exc: retry_reason(method, exc),
-                                    retry_after_of=retry_after_seconds, on_retry=on_retry, **kwargs)
+            return (policy or self.retries).run(fn, api="slack", call=method,
+                                                reason_of=lambda exc: retry_reason(method, exc),
+                                                retry_after_of=retry_after_seconds, **kwargs)
         except (SlackApiError, OSError, http.client.HTTPException) as exc:
             self.metrics.slack_failures.labels(method).inc()
             detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc

@@ -158,7 +158,7 @@ def test_the_socket_mode_ping_interval_is_a_positive_number_of_seconds():
 
 
 def test_the_recovery_time_outs_default_to_what_they_were_and_reach_the_wiring(slack, tmp_path):
-    from bot.cli.serve import build_server
+    from bot.cli.wiring import build_server
 
     s = load_settings(GOOD)
     assert (s.post_lease_seconds, s.apply_grace_seconds, s.slack_timeout_seconds) == (60, 120, 10)

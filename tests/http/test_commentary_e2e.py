@@ -13,8 +13,8 @@ from kubeapi.objects import container, crashing_deployment
 from openai_standin import OpenAIStandIn, wait_until
 from test_redaction_e2e import EXAMPLE_LOG, alert, post
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from kubeapi.objects import container, crashing_deployment, rollout_controller
 from openai_standin import OpenAIStandIn, wait_until
 from slackapi.requests import button_value, click_body, signed_headers
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 pytestmark = pytest.mark.integration
 

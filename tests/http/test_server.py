@@ -136,8 +136,7 @@ def test_alert_becomes_one_slack_message_and_metrics(server, slack):
     assert 'vllm_oncall_diagnoses_total{cause="kv-cache-max-model-len"} 1.0' in text
     assert "vllm_oncall_proposals_total 1.0" in text
     assert "vllm_oncall_alert_to_post_seconds_count 1.0" in text
-    for name in ("approvals", "rejections", "patches_applied", "patches_failed", "rollbacks", "slack_retries",
-                 "kube_retries"):
+    for name in ("approvals", "rejections", "patches_applied", "patches_failed", "rollbacks", "retries"):
         assert f"vllm_oncall_{name}" in text
 
 

@@ -205,7 +205,7 @@ def test_429_is_retried_after_retry_after(slack, tmp_path):
     incident = bot.alert()
     assert len(slack.attempts("chat.postMessage")) == 2 and len(slack.posts()) == 1
     assert waits == [7.0]  # exactly what Slack's Retry-After header asked for
-    assert bot.chat.metrics.slack_retries.labels("chat.postMessage", "ratelimited")._value.get() == 1
+    assert bot.chat.metrics.retries.labels("slack", "chat.postMessage", "ratelimited")._value.get() == 1
     assert incident.slack_ts
 
 
