@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bot.llm.settings import LLMSettings
 from bot.slack import ids as slack_ids
 
 # setting name -> environment variable. Slack's own variables keep Slack's usual names.
@@ -64,6 +65,11 @@ ENV_VARS: dict[str, str] = {
     "verify_request_timeout_seconds": "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS",
     "verify_request_via": "VLLM_ONCALL_VERIFY_REQUEST_VIA",
     "prometheus_url": "VLLM_ONCALL_PROMETHEUS_URL",
+    "llm_base_url": "VLLM_ONCALL_LLM_BASE_URL",
+    "llm_model": "VLLM_ONCALL_LLM_MODEL",
+    "llm_api_key": "VLLM_ONCALL_LLM_API_KEY",
+    "llm_timeout_seconds": "VLLM_ONCALL_LLM_TIMEOUT_SECONDS",
+    "llm_calls_per_hour": "VLLM_ONCALL_LLM_CALLS_PER_HOUR",
 }
 # a YAML key -> the setting: the setting's name, or its environment variable in lower case
 FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower(): name for name, var in ENV_VARS.items()}}
@@ -150,6 +156,12 @@ class Settings(BaseModel):
     verify_request_timeout_seconds: float = Field(default=60, gt=0)
     verify_request_via: Literal["proxy", "pod-ip"] = "proxy"
     prometheus_url: str | None = None  # dcgm-exporter's GPU memory over the soak (bot/kube/prometheus.py)
+    # The optional LLM commentator (bot/llm): nothing is sent unless llm_base_url is set.
+    llm_base_url: str | None = None
+    llm_model: str = "default"
+    llm_api_key: str = "not-needed"
+    llm_timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+    llm_calls_per_hour: int = Field(default=60, ge=0)
 
     @field_validator("slack_bot_token")
     @classmethod
@@ -294,6 +306,14 @@ class Settings(BaseModel):
         host, _, port = self.listen.rpartition(":")
         return host or "0.0.0.0", int(port)
 
+    @property
+    def llm(self) -> LLMSettings | None:
+        """The LLM commentator's settings; None unless VLLM_ONCALL_LLM_BASE_URL is set."""
+        if not self.llm_base_url:
+            return None
+        return LLMSettings(base_url=self.llm_base_url, model=self.llm_model, api_key=self.llm_api_key,
+                           timeout_seconds=self.llm_timeout_seconds, calls_per_hour=self.llm_calls_per_hour)
+
     def incident_namespace_or_default(self) -> str:
         """Where incident objects live: configured, else the bot's own namespace, else vllm-oncall."""
         if self.incident_namespace:
@@ -437,7 +457,7 @@ def _describe(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
             out.append(f"{var}: required, not set")
         else:
             got = raw.get(str(loc))
-            shown = "<hidden>" if "token" in str(loc) or "secret" in str(loc) else repr(got)
+            shown = "<hidden>" if any(word in str(loc) for word in ("token", "secret", "key")) else repr(got)
             got_part = "" if str(loc) == "redact_patterns" else f" (got {shown})"  # the message names it
             out.append(f"{var}: {str(err['msg']).removeprefix('Value error, ')}{got_part}")
     return out

@@ -55,7 +55,7 @@ from bot.kube.live import LiveCluster
 from bot.kube.prometheus import Prometheus
 from bot.kube.verify import ServingChecks
 from bot.kube.watch import PodWatch, WatchSettings
-from bot.llm.wording import Commentator, LLMSettings
+from bot.llm.wording import Commentator
 from bot.local.cluster import LocalCluster
 from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
@@ -203,7 +203,7 @@ def build(settings: Settings) -> Wiring:
     chat = SlackChat(slack, settings.slack_channel, metrics, max_attempts=settings.slack_max_attempts,
                      max_retry_after_seconds=settings.slack_max_retry_after_seconds, redactor=redactor,
                      post_budget_seconds=post_budget(settings.post_lease_seconds))
-    commentary = _commentary(metrics, redactor)
+    commentary = _commentary(settings, metrics, redactor)
     parts = Parts(settings, books, diagnose, metrics, redactor)
     clusters = []
     for name in settings.contexts:
@@ -261,13 +261,10 @@ def build_server(settings: Settings) -> tuple[BotServer, SocketModeHandler | Non
     return wiring.server, wiring.socket_handler
 
 
-def _commentary(metrics: Metrics, redactor: Redactor) -> Callable[..., Any] | None:
+def _commentary(settings: Settings, metrics: Metrics, redactor: Redactor) -> Callable[..., Any] | None:
     """The optional LLM commentator (VLLM_ONCALL_LLM_BASE_URL): a reply in the thread after the
     diagnosis is posted, once per incident, never delaying the post, counted by outcome."""
-    try:
-        llm = LLMSettings.from_env()
-    except ValueError as exc:
-        raise CheckFailed(str(exc)) from None
+    llm = settings.llm
     if llm is None:
         return None
     commentator = Commentator(llm, timeout_seconds=llm.timeout_seconds, calls_per_hour=llm.calls_per_hour,

@@ -213,3 +213,15 @@ def test_a_kubernetes_patch_ends_within_half_the_apply_grace(kube_api):
     api = KubeApi(kube_api.api_client(), patch_within=4)
     assert (api.patch_timeout, api.patch_retry.budget) == (2, 2)
     assert api.retry.budget is None and api.request_timeout == 30  # the other calls are as they were
+
+
+def test_the_llm_settings_are_read_with_the_others_and_a_bad_one_is_one_line_naming_its_variable():
+    assert load_settings(GOOD).llm is None  # nothing is sent unless a base URL is set
+    llm = load_settings({**GOOD, "VLLM_ONCALL_LLM_BASE_URL": "http://llm:8000/v1", "VLLM_ONCALL_LLM_MODEL": "m",
+                         "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": "2.5", "VLLM_ONCALL_LLM_API_KEY": "sk-secret"}).llm
+    assert llm is not None and (llm.base_url, llm.model, llm.timeout_seconds) == ("http://llm:8000/v1", "m", 2.5)
+    with pytest.raises(SettingsError) as err:
+        load_settings({**GOOD, "VLLM_ONCALL_LLM_BASE_URL": "http://llm:8000/v1",
+                       "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": "soon"})
+    assert str(err.value).startswith("invalid configuration: VLLM_ONCALL_LLM_TIMEOUT_SECONDS:")
+    assert "\n" not in str(err.value)
