@@ -35,6 +35,7 @@ from kubeapi.server import FakeKube  # noqa: E402
 from slackapi import SlackStandIn  # noqa: E402
 
 from bot.app.service import OncallService, Policy  # noqa: E402
+from bot.app.work import WorkQueue  # noqa: E402
 from bot.http.server import BotServer  # noqa: E402
 from bot.kube.api import KubeApi  # noqa: E402
 from bot.kube.incidents import KubeIncidentStore  # noqa: E402
@@ -86,7 +87,7 @@ def run(crashes: int) -> list[float]:
     chat = SlackChat(make_client("xoxb-bench", slack.url), "C0BENCH")
     service = OncallService(LiveCluster(api, name="bench"), KubeIncidentStore(api, "vllm-oncall"), chat,
                             Policy(approver_users=frozenset({"U0A"})), metrics=chat.metrics)
-    bot = BotServer(service, workers=4).start()
+    bot = BotServer(service, work=WorkQueue(workers=4, queue_size=100)).start()
     # the watch's crashes go into the server's work queue, as in `serve`
     watch = PodWatch(api, bot.executor, bot.router.handle_alert, WatchSettings(namespaces=(NS,))).start()
     took = []

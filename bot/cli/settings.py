@@ -345,49 +345,12 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     """Settings from the file (if any) overlaid with the environment, then with `overrides` (the
     command line's options, by setting name). Raises SettingsError."""
     env = os.environ if env is None else env
-    raw: dict[str, Any] = {}
     config_file = config_file or env.get(CONFIG_FILE_VAR)
-    problems: list[str] = []
-    if config_file:
-        path = Path(config_file)
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise SettingsError([f"{path}: cannot read the configuration file ({exc.strerror})"]) from None
-        except yaml.YAMLError as exc:
-            raise SettingsError([f"{path}: not valid YAML ({exc})"]) from None
-        if not isinstance(doc, dict):
-            raise SettingsError([f"{path}: expected a mapping of setting names to values"])
-        for key, value in doc.items():
-            name = FILE_KEYS.get(str(key).lower())
-            if name is None:
-                known = ", ".join(sorted(var.lower() for var in ENV_VARS.values()))
-                problems.append(f"{path}: unknown setting {key!r} (known: {known})")
-            elif name in raw:
-                problems.append(f"{path}: {key!r} sets {name} a second time")
-            else:
-                raw[name] = value
-    for name, var in ENV_VARS.items():
-        value = env.get(var)
-        if value is None or value == "":
-            continue
-        if name == "redact_patterns":
-            raw[name] = _pattern_list(value)
-        else:
-            raw[name] = _split_list(value) if name in LIST_SETTINGS else value
+    raw, problems = _read_file(Path(config_file)) if config_file else ({}, [])
+    raw.update(_read_env(env))
     raw.update(overrides or {})
-    for name in LIST_SETTINGS:
-        if isinstance(raw.get(name), str):
-            raw[name] = _split_list(raw[name])
-    if isinstance(raw.get("redact_patterns"), str):  # a single pattern in the file
-        raw["redact_patterns"] = [raw["redact_patterns"]]
-    if raw.get("clusters"):
-        raw["clusters"], bad = parse_clusters(raw["clusters"])
-        problems.extend(bad)
-        if raw["clusters"] and not raw.get("cluster_name"):  # the default: the first one named
-            raw["cluster_name"] = next(iter(raw["clusters"]))
-        if raw["clusters"] and raw.get("cluster_source", "kube") == "kube":
-            problems.extend(missing_contexts(raw["clusters"], env))
+    _lists_from_strings(raw)
+    problems.extend(_clusters(raw, env))
     try:
         settings = Settings(**raw)
     except ValidationError as exc:
@@ -396,6 +359,65 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     if problems:
         raise SettingsError(problems)
     return settings
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The YAML file's settings by name, and one line per unknown or repeated key. A file that
+    cannot be read or parsed is a SettingsError at once."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise SettingsError([f"{path}: cannot read the configuration file ({exc.strerror})"]) from None
+    except yaml.YAMLError as exc:
+        raise SettingsError([f"{path}: not valid YAML ({exc})"]) from None
+    if not isinstance(doc, dict):
+        raise SettingsError([f"{path}: expected a mapping of setting names to values"])
+    raw: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in doc.items():
+        name = FILE_KEYS.get(str(key).lower())
+        if name is None:
+            known = ", ".join(sorted(var.lower() for var in ENV_VARS.values()))
+            problems.append(f"{path}: unknown setting {key!r} (known: {known})")
+        elif name in raw:
+            problems.append(f"{path}: {key!r} sets {name} a second time")
+        else:
+            raw[name] = value
+    return raw, problems
+
+
+def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The environment's settings by name: the one place the process environment is read."""
+    raw: dict[str, Any] = {}
+    for name, var in ENV_VARS.items():
+        value = env.get(var)
+        if value is None or value == "":
+            continue
+        if name == "redact_patterns":
+            raw[name] = _pattern_list(value)
+        else:
+            raw[name] = _split_list(value) if name in LIST_SETTINGS else value
+    return raw
+
+
+def _lists_from_strings(raw: dict[str, Any]) -> None:
+    for name in LIST_SETTINGS:
+        if isinstance(raw.get(name), str):
+            raw[name] = _split_list(raw[name])
+    if isinstance(raw.get("redact_patterns"), str):  # a single pattern in the file
+        raw["redact_patterns"] = [raw["redact_patterns"]]
+
+
+def _clusters(raw: dict[str, Any], env: Mapping[str, str]) -> list[str]:
+    """VLLM_ONCALL_CLUSTERS parsed in `raw` (the first one named is the default); its problems."""
+    if not raw.get("clusters"):
+        return []
+    raw["clusters"], problems = parse_clusters(raw["clusters"])
+    if raw["clusters"] and not raw.get("cluster_name"):
+        raw["cluster_name"] = next(iter(raw["clusters"]))
+    if raw["clusters"] and raw.get("cluster_source", "kube") == "kube":
+        problems.extend(missing_contexts(raw["clusters"], env))
+    return problems
 
 
 def parse_clusters(value: Any) -> tuple[dict[str, str], list[str]]:
