@@ -10,12 +10,12 @@ from fakes import FakeCluster, kv_diagnosis
 from slack_bolt.request import BoltRequest
 from slackapi.requests import CHANNEL, SECRET, click_body, decision_value, signed_headers
 
-from bot.app.policy import parse_scopes
 from bot.app.records import AlertTarget
 from bot.app.service import OncallService, Policy
 from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client
+from bot.slack.ids import parse_scopes
 
 DEPLOY, POD = "vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p"
 
