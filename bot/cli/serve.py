@@ -173,14 +173,14 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _summary(settings: Settings) -> str:
-    mode = "Socket Mode" if settings.slack_app_token else f"HTTP (POST /slack/events on {settings.listen})"
+    mode = "Socket Mode" if settings.slack.app_token else f"HTTP (POST /slack/events on {settings.http.listen})"
     store_desc = (f"vllmincidents in namespace {settings.incident_namespace_or_default()}"
                   if settings.store == "kube" else f"folder {settings.state_dir / 'incidents'}")
     approvers = ", ".join(settings.approver_users + settings.approver_groups) or "none"
     return (f"{_clusters_summary(settings)}; mode {settings.mode}; Slack via {mode}, channel "
-            f"{settings.slack_channel}; incidents: {store_desc}; approvers: {approvers}; "
-            f"alerts: {', '.join(settings.alertnames)} on {settings.listen}/alerts"
-            f"{' (bearer token required)' if settings.alert_token else ''}"
+            f"{settings.slack.channel}; incidents: {store_desc}; approvers: {approvers}; "
+            f"alerts: {', '.join(settings.http.alertnames)} on {settings.http.listen}/alerts"
+            f"{' (bearer token required)' if settings.http.alert_token else ''}"
             f"{_wiring().watch_summary(settings)}")
 
 

@@ -88,9 +88,9 @@ def policy_of(settings: Settings, redactor: Redactor) -> Policy:
                   proposals_only=settings.mode == "proposals-only",
                   approver_groups=frozenset(settings.approver_groups),
                   approver_scopes=parse_scopes(settings.approver_scopes),
-                  why_scope=settings.why_scope, alert_channel=settings.slack_channel,
+                  why_scope=settings.why_scope, alert_channel=settings.slack.channel,
                   proposal_ttl=timedelta(seconds=settings.proposal_ttl_seconds),
-                  verify_timeout_seconds=settings.verify_timeout_seconds,
+                  verify_timeout_seconds=settings.verify.timeout_seconds,
                   default_namespace=settings.default_namespace, redactor=redactor,
                   post_lease=timedelta(seconds=settings.post_lease_seconds),
                   apply_grace=timedelta(seconds=settings.apply_grace_seconds),
@@ -180,11 +180,11 @@ class Parts:
         s = self.settings
         probe = None
         if isinstance(cluster, LiveCluster):
-            prometheus = Prometheus(s.prometheus_url) if s.prometheus_url else None
-            probe = ServingChecks(cluster.api, via=s.verify_request_via, prometheus=prometheus,
+            prometheus = Prometheus(s.verify.prometheus_url) if s.verify.prometheus_url else None
+            probe = ServingChecks(cluster.api, via=s.verify.request_via, prometheus=prometheus,
                                   diagnose=self.diagnose)
-        return VerifySteps(probe=probe, request_timeout_seconds=s.verify_request_timeout_seconds,
-                           soak_seconds=s.verify_soak_seconds)
+        return VerifySteps(probe=probe, request_timeout_seconds=s.verify.request_timeout_seconds,
+                           soak_seconds=s.verify.soak_seconds)
 
 
 def build(settings: Settings) -> Wiring:
@@ -198,10 +198,10 @@ def build(settings: Settings) -> Wiring:
     books = load_books(settings.playbooks)  # None: the bundled playbooks, as always
     diagnose = diagnoser(books)
     policy = policy_of(settings, redactor)
-    slack = make_client(settings.slack_bot_token, settings.slack_api_url, timeout=settings.slack_timeout_seconds)
+    slack = make_client(settings.slack.bot_token, settings.slack.api_url, timeout=settings.slack.timeout_seconds)
     # A post's retries end inside its post lease (Settings checked the timeout leaves room).
-    chat = SlackChat(slack, settings.slack_channel, metrics, max_attempts=settings.slack_max_attempts,
-                     max_retry_after_seconds=settings.slack_max_retry_after_seconds, redactor=redactor,
+    chat = SlackChat(slack, settings.slack.channel, metrics, max_attempts=settings.slack.max_attempts,
+                     max_retry_after_seconds=settings.slack.max_retry_after_seconds, redactor=redactor,
                      post_budget_seconds=post_budget(settings.post_lease_seconds))
     commentary = _commentary(settings, metrics, redactor)
     parts = Parts(settings, books, diagnose, metrics, redactor)
@@ -215,12 +215,12 @@ def build(settings: Settings) -> Wiring:
             service.intake.commentary = Commentary(commentary, service.intake.messages)
         clusters.append(ClusterWiring(name, cluster, store, service))
     router = ClusterRouter([c.service for c in clusters], default=settings.cluster_name)
-    work = WorkQueue(settings.workers, settings.queue_size)
-    bolt_app = build_app(router, slack, signing_secret=settings.slack_signing_secret,
+    work = WorkQueue(settings.http.workers, settings.http.queue_size)
+    bolt_app = build_app(router, slack, signing_secret=settings.slack.signing_secret,
                          token_verification_enabled=False, default_namespace=settings.default_namespace)
-    host, port = settings.host_port
-    server = BotServer(router, alert_token=settings.alert_token, alertnames=settings.alertnames, work=work,
-                       bolt_app=None if settings.slack_app_token else bolt_app,
+    host, port = settings.http.host_port
+    server = BotServer(router, alert_token=settings.http.alert_token, alertnames=settings.http.alertnames, work=work,
+                       bolt_app=None if settings.slack.app_token else bolt_app,
                        readiness_checks={"slack": chat.check, **_kubernetes_checks(settings, clusters)},
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds,
                        cluster_label=settings.cluster_label)
@@ -232,9 +232,9 @@ def build(settings: Settings) -> Wiring:
         if each.watch is not None:
             wiring.watches.append(each.watch)
             server.on_stop.append(each.watch.stop)
-    if settings.slack_app_token:
-        wiring.socket_handler = SocketModeHandler(bolt_app, settings.slack_app_token,
-                                                  ping_interval=settings.slack_ping_seconds)
+    if settings.slack.app_token:
+        wiring.socket_handler = SocketModeHandler(bolt_app, settings.slack.app_token,
+                                                  ping_interval=settings.slack.ping_seconds)
     return wiring
 
 
@@ -264,7 +264,7 @@ def build_server(settings: Settings) -> tuple[BotServer, SocketModeHandler | Non
 def _commentary(settings: Settings, metrics: Metrics, redactor: Redactor) -> Callable[..., Any] | None:
     """The optional LLM commentator (VLLM_ONCALL_LLM_BASE_URL): a reply in the thread after the
     diagnosis is posted, once per incident, never delaying the post, counted by outcome."""
-    llm = settings.llm
+    llm = settings.llm.endpoint()
     if llm is None:
         return None
     commentator = Commentator(llm, timeout_seconds=llm.timeout_seconds, calls_per_hour=llm.calls_per_hour,
@@ -273,10 +273,10 @@ def _commentary(settings: Settings, metrics: Metrics, redactor: Redactor) -> Cal
 
 
 def watch_summary(settings: Settings) -> str:
-    if not settings.watch:
+    if not settings.watch.enabled:
         return "; pod watch off (the alert path only)"
-    scope = ", ".join(settings.watch_namespaces) or "all namespaces"
-    selector = f" with {settings.watch_label_selector}" if settings.watch_label_selector else ""
+    scope = ", ".join(settings.watch.namespaces) or "all namespaces"
+    selector = f" with {settings.watch.label_selector}" if settings.watch.label_selector else ""
     return f"; pod watch on: first crashes of vLLM containers in {scope}{selector}"
 
 
@@ -284,10 +284,10 @@ def _start_watch(settings: Settings, each: ClusterWiring, router: ClusterRouter,
     """VLLM_ONCALL_WATCH: a pod watch whose crashes go into the one work queue the alert's way
     (router.handle_alert), so the later KubePodCrashLooping alert folds into the incident the
     watch opened. Daemon threads: they end with the process; the incidents are in the store."""
-    if not settings.watch or not isinstance(each.cluster, LiveCluster):
+    if not settings.watch.enabled or not isinstance(each.cluster, LiveCluster):
         return None
-    watch_settings = WatchSettings(namespaces=tuple(settings.watch_namespaces),
-                                   label_selector=settings.watch_label_selector)
+    watch_settings = WatchSettings(namespaces=tuple(settings.watch.namespaces),
+                                   label_selector=settings.watch.label_selector)
     watcher = PodWatch(each.cluster.api, work, router.handle_alert, watch_settings,
                        cluster=each.name if len(router) > 1 else None)
     of = f" in cluster {each.name}" if settings.clusters else ""
