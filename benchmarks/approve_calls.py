@@ -129,7 +129,7 @@ class World:
                                      Policy(approver_users=frozenset({APPROVER}), verify_timeout_seconds=10),
                                      metrics=chat.metrics,
                                      verify_steps=VerifySteps(probe=probe, request_timeout_seconds=5,
-                                                              soak_seconds=20))
+                                                              soak_seconds=5))
         incident = self.service.handle_alert(AlertTarget(namespace=NS, pod=pod["metadata"]["name"], container="vllm"))
         assert incident is not None and incident.state == "proposed", incident
         self.incident = incident.name
