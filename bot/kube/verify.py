@@ -207,8 +207,8 @@ class ServingChecks:
             return None
 
     def soak(self, workload: WorkloadRef, pod_name: str, seconds: float, diagnose: Diagnoser) -> Verification:
-        """Watch the new pod for `seconds`: "ready" if it neither restarted nor crashed, else
-        "crashed" with the crash diagnosed by `diagnose`."""
+        """Watch the new pod for `seconds`: Ready if it neither restarted nor crashed, else
+        crashed, with the crash diagnosed by `diagnose` (bot.app.verdict says which)."""
         start = self.api.get_pod(workload.namespace, pod_name)
         deadline = self.clock() + seconds
         while True:
