@@ -92,9 +92,11 @@ def ready(pod: str, where: str, log_text: str) -> Verification:
                         message=f"new pod {pod}{where} is Ready: {figures}")
 
 
-def crashed(pod: str, where: str, diagnosis: DiagnosisResult) -> Verification:
+def crashed(pod: str, where: str, diagnosis: DiagnosisResult | None) -> Verification:
+    """None: the caller had no diagnoser to give (a terminal command); the crash is still the news."""
+    why = diagnosis.title if diagnosis else "not diagnosed (no diagnoser given)"
     return Verification(outcome=VerifyOutcome.CRASHED, pod=pod, diagnosis=diagnosis,
-                        message=f"new pod {pod}{where} crashed again: {diagnosis.title}")
+                        message=f"new pod {pod}{where} crashed again: {why}")
 
 
 def timed_out(kind: str, name: str, timeout_seconds: float, pods: list[dict[str, Any]],

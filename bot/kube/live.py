@@ -169,8 +169,5 @@ class LiveCluster:
                ) -> Verification:
         """Follow the rollout (bot.kube.verify polls, bot.app.verdict decides); a new crash is
         diagnosed by `diagnose` (the caller's), else by the one given to this cluster."""
-        chosen = diagnose or self._diagnose
-        if chosen is None:
-            raise ValueError("verify needs a diagnoser for a new pod that crashes (none given)")
-        return follow_rollout(self.api, workload, timeout_seconds, chosen, self.poll_seconds,
+        return follow_rollout(self.api, workload, timeout_seconds, diagnose or self._diagnose, self.poll_seconds,
                               clock=time.monotonic, sleep=time.sleep)

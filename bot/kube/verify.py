@@ -95,11 +95,11 @@ def contains(actual: Any, expected: Any) -> bool:
     return actual == expected or (actual is not None and str(actual) == str(expected))
 
 
-def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, diagnose: Diagnoser,
+def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, diagnose: Diagnoser | None,
                    poll_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> Verification:
     """Poll the workload's new pods until one is Ready or crashed, or the time is up; the verdict
-    is bot.app.verdict's. A crashed pod's evidence goes to `diagnose` (the caller's)."""
+    is bot.app.verdict's. A crashed pod's evidence goes to `diagnose` (the caller's), if given."""
     if ref.kind not in ("Deployment", "StatefulSet"):
         return verdict.no_rollout(ref.kind, ref.name)
     deadline = clock() + timeout_seconds
@@ -113,7 +113,8 @@ def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, diagn
             if state is PodState.READY:
                 text = read_head_and_tail(api, ref.namespace, name, ref.container, previous=False).text or ""
                 return verdict.ready(name, where, text)
-            return verdict.crashed(name, where, diagnose(collect(api, ref.namespace, name, ref.container)))
+            diagnosis = diagnose(collect(api, ref.namespace, name, ref.container)) if diagnose else None
+            return verdict.crashed(name, where, diagnosis)
         if clock() >= deadline:
             return verdict.timed_out(ref.kind, ref.name, timeout_seconds, pods, ref.container)
         sleep(poll_seconds)
