@@ -285,7 +285,7 @@ class Rollout:
     def _roll_back_claimed(self, claimed: Incident, user: str, clicked: MessageRef | None) -> str:
         assert claimed.proposal is not None
         name, workload = claimed.name, claimed.proposal.workload
-        change = ChangeToUndo(proposal_id=claimed.proposal.id, digest=claimed.proposal.digest)
+        change = ChangeToUndo(proposal_id=claimed.proposal.id, digest=claimed.proposal.digest, uid=workload.uid)
         try:
             result = self.cluster.rollback(workload.namespace, workload.kind, workload.name,
                                            self.messages.actor(user), change)

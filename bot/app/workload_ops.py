@@ -177,6 +177,10 @@ class ChangeToUndo:
 
     proposal_id: str
     digest: str = ""
+    uid: str | None = None  # the object the change went to: one deleted and re-created is another
+
+    def describe(self) -> str:
+        return f"change {self.proposal_id}" + (f", proposal digest {self.digest[:12]}" if self.digest else "")
 
 
 def roll_back(io: WorkloadIO, kind: str, namespace: str, name: str, actor: str,
@@ -185,6 +189,9 @@ def roll_back(io: WorkloadIO, kind: str, namespace: str, name: str, actor: str,
     if current is None:
         return ApplyResult(ok=False, message=f"{kind} {namespace}/{name} does not exist")
     meta = current["metadata"]
+    if change is not None and change.uid and meta.get("uid") != change.uid:
+        return ApplyResult(ok=False, message=f"refused: {kind} {namespace}/{name} was deleted and re-created since "
+                                             f"{change.describe()} was applied to it; nothing to roll back there")
     records = plan.read_audit(current)
     container = next((r["container"] for r in reversed(records)
                       if change is None or r.get("id") == change.proposal_id), "")
@@ -206,7 +213,8 @@ def roll_back(io: WorkloadIO, kind: str, namespace: str, name: str, actor: str,
     _event(io, patched, ROLLBACK_EVENT, message)
     return ApplyResult(ok=True, changed_fields=plan.fields_changed_by(record),
                        workload=plan.at_version(ref, patched["metadata"].get("resourceVersion")),
-                       message=f"rolled back {kind} {namespace}/{name}: {message}")
+                       message=f"rolled back {kind} {namespace}/{name}: {message}"
+                               + (f" (undid {change.describe()})" if change else ""))
 
 
 def _read_back_rollback(io: WorkloadIO, ref: WorkloadRef, record: dict[str, Any]) -> dict[str, Any] | None:

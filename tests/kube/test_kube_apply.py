@@ -447,3 +447,17 @@ def test_a_rollback_whose_answer_was_lost_after_it_committed_is_reported_done(ku
     result = cluster.rollback(NS, "Deployment", "llama", "U_BOB", ChangeToUndo(proposal.id, proposal.digest))
     assert result.ok, result.message
     assert live_container(kube_api)["args"] == ["--model", "m", "--max-model-len", "32768"]
+
+
+def test_rollback_of_a_change_to_a_workload_since_re_created_is_refused(kube_api, cluster):
+    dep, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "32768"])])
+    proposal = propose(cluster, kube_api, pod)
+    assert cluster.apply(proposal, "U_ALICE").ok
+    copied = kube_api.get("Deployment", "llama", NS)  # `kubectl get -o yaml`, delete, apply: annotation and all
+    kube_api.delete("Deployment", "llama", NS)
+    kube_api.put({**copied, "metadata": {k: v for k, v in copied["metadata"].items()
+                                         if k not in ("uid", "resourceVersion")}})
+    change = ChangeToUndo(proposal.id, proposal.digest, uid=proposal.workload.uid)
+    result = cluster.rollback(NS, "Deployment", "llama", "U_BOB", change)
+    assert result.ok is False and "deleted and re-created" in result.message
+    assert live_container(kube_api)["args"][-1] == "8192"
