@@ -1,5 +1,5 @@
 """One Approve walk (click -> patch -> verified) crosses package boundaries inside bot/ at most 250
-times (issue 16; 441 on the tree before the decisions moved into the core and redaction stopped
+times (issue 16; 438 on the tree before the decisions moved into the core and redaction stopped
 redoing what it had done), measured by benchmarks/approve_calls.py through the real wiring against
 the stand-ins. The count is of calls, not time: it does not depend on the machine's speed."""
 
