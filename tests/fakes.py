@@ -94,13 +94,14 @@ class FakeCluster:
             done = proposal.id in self.landed
         return ApplyResult(ok=True, message="already applied", workload=proposal.workload) if done else None
 
-    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
+    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str,
+                 change: object = None) -> ApplyResult:
         with self._lock:
             self.rolled_back.append((workload_name, actor))
             self.landed.clear()  # the audit record of the change is marked rolled back
         return ApplyResult(ok=True, message="previous command line restored")
 
-    def verify(self, workload: WorkloadRef, timeout_seconds: float) -> Verification:
+    def verify(self, workload: WorkloadRef, timeout_seconds: float, diagnose: object = None) -> Verification:
         return self.verification
 
 

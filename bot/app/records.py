@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
@@ -30,13 +31,38 @@ class ApplyResult(Model):
     changed_fields: list[str] = Field(default_factory=list)
 
 
+class PodState(StrEnum):
+    """What one new pod of a rollout is doing (bot.app.verdict.pod_state)."""
+
+    READY = "ready"
+    CRASHED = "crashed"
+    PENDING = "pending"  # scheduled or not, loading, pulling: neither Ready nor crashed yet
+
+
+class VerifyOutcome(StrEnum):
+    """The verdict on a rollout or a soak window."""
+
+    READY = "ready"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"  # neither Ready nor crashed within the time given
+    UNKNOWN = "unknown"  # nothing to follow (a local cluster, a bare Pod)
+
+
 class Verification(Model):
-    outcome: Literal["ready", "crashed", "timeout", "unknown"]
+    outcome: VerifyOutcome
     pod: str | None = None
     message: str
     kv_cache_line: str | None = None  # vLLM's own "GPU KV cache size: N tokens" / "# GPU blocks"
     concurrency_line: str | None = None
     diagnosis: DiagnosisResult | None = None  # when the new pod crashed again
+
+    @property
+    def ready(self) -> bool:
+        return self.outcome is VerifyOutcome.READY
+
+    @property
+    def crashed(self) -> bool:
+        return self.outcome is VerifyOutcome.CRASHED
 
 
 class CompletionCheck(Model):

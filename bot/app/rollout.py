@@ -14,13 +14,26 @@ from typing import Any, Protocol
 
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
+from bot.app.incidents import incident_name
 from bot.app.leases import LeaseLost, VerifyLeases
 from bot.app.messages import REPORT, Messages, applied_note, reported
 from bot.app.metrics import Metrics
-from bot.app.policy import Policy
+from bot.app.policy import PROPOSALS_ONLY, Policy
 from bot.app.ports import ClusterPort, IncidentStore
-from bot.app.records import ApplyResult, CompletionCheck, Incident, MessageRef, Note, RolloutOutcome, Verification
+from bot.app.records import (
+    ApplyResult,
+    CompletionCheck,
+    Incident,
+    MessageRef,
+    Note,
+    RolloutOutcome,
+    Verification,
+    VerifyOutcome,
+)
 from bot.app.state import ROLLBACK_FROM, IncidentState, can_move
+from bot.app.verdict import Diagnoser
+from bot.app.workload_ops import ChangeToUndo
+from bot.diagnosis.diagnose import diagnose as core_diagnose
 from bot.remedy.models import WorkloadRef
 
 log = logging.getLogger(__name__)
@@ -30,11 +43,12 @@ S = IncidentState
 class ServingProbe(Protocol):
     """Steps 3 and 4 on a cluster whose pods can be reached (bot.kube.verify.ServingChecks)."""
 
-    def ask(self, workload: WorkloadRef, pod_name: str, timeout_seconds: float) -> CompletionCheck:
-        """A real completion request to the pod: latency, tokens; a failure re-diagnosed."""
+    def ask(self, workload: WorkloadRef, pod_name: str, timeout_seconds: float,
+            diagnose: Diagnoser | None = None) -> CompletionCheck:
+        """A real completion request to the pod: latency, tokens; a failure re-diagnosed by `diagnose`."""
 
-    def soak(self, workload: WorkloadRef, pod_name: str, seconds: float) -> Verification:
-        """"ready" when the pod neither restarted nor crashed for `seconds`, else "crashed"."""
+    def soak(self, workload: WorkloadRef, pod_name: str, seconds: float, diagnose: Diagnoser) -> Verification:
+        """Ready when the pod neither restarted nor crashed for `seconds`, else crashed (diagnosed)."""
 
     def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> str:
         """The pod's GPU memory over [start, end] (start, peak, end, slope), or why it is absent."""
@@ -50,10 +64,13 @@ class VerifySteps:
 class Rollout:
     def __init__(self, cluster: ClusterPort, store: IncidentStore, cas: IncidentCas, approvers: Approvers,
                  messages: Messages, metrics: Metrics, policy: Policy, clock: Callable[[], datetime],
-                 steps: VerifySteps | None = None):
+                 steps: VerifySteps | None = None, diagnose: Diagnoser = core_diagnose):
         self.cluster, self.store, self.cas, self.approvers = cluster, store, cas, approvers
         self.messages, self.metrics, self.policy, self.clock = messages, metrics, policy, clock
         self.steps = steps or VerifySteps()
+        # The one diagnoser of a new pod that crashes (or fails its request, or its soak): the
+        # service's, with the operator's playbooks; passed to the cluster and the probe.
+        self.diagnose = diagnose
         self.leases = VerifyLeases(cas, policy, clock)
 
     def verify(self, name: str, clicked: MessageRef | None = None, resume_from: str | None = None
@@ -80,16 +97,17 @@ class Rollout:
         rollback = name if incident.applied is not None else None  # a Roll back button only for a change made
         self.leases.step(name, "ready")
         try:
-            result = self.cluster.verify(incident.proposal.workload, self.policy.verify_timeout_seconds)
+            result = self.cluster.verify(incident.proposal.workload, self.policy.verify_timeout_seconds,
+                                         self.diagnose)
         except Exception as exc:
             log.exception("verification of %s failed", name)
             incident = self.leases.step(name, None)
             self.messages.reply(incident, clicked, Note(text=f"Could not follow the rollout: {exc}",
                                                         rollback_incident=rollback))
             return incident
-        if result.outcome == "ready":
+        if result.ready:
             return self._after_ready(name, result, clicked, rollback, resume_from)
-        if result.outcome == "crashed":
+        if result.crashed:
             incident = self._record(name, result, S.FAILED, f"new pod crashed: {result.message}")
             self.messages.reply(incident, clicked, Note(text=f":x: The new pod {result.pod or ''} crashed again: "
                                                              f"{result.message}", diagnosis=result.diagnosis,
@@ -126,7 +144,7 @@ class Rollout:
                     return failed
             if self.steps.soak_seconds > 0:
                 soaked = self._soak(name, probe, workload, pod, clicked, rollback)
-                if soaked.outcome != "ready":
+                if not soaked.ready:
                     return self._record(name, soaked, S.FAILED, f"crashed in the soak: {soaked.message}")
         incident = self._record(name, result, S.VERIFIED, f"verified: {result.message}")
         self.messages.refresh(incident, clicked)
@@ -136,11 +154,11 @@ class Rollout:
                  clicked: MessageRef | None, rollback: str | None) -> Incident | None:
         """Step 3; the failed incident, or None when the request succeeded."""
         incident = self.leases.step(name, "request")
-        check = probe.ask(workload, pod, self.steps.request_timeout_seconds)
+        check = probe.ask(workload, pod, self.steps.request_timeout_seconds, self.diagnose)
         if check.ok:
             self.messages.reply(incident, clicked, Note(text=f":speech_balloon: 3/4 {check.message}"))
             return None
-        failed = self._record(name, Verification(outcome="crashed", pod=pod, message=check.message), S.FAILED,
+        failed = self._record(name, Verification(outcome=VerifyOutcome.CRASHED, pod=pod, message=check.message), S.FAILED,
                               f"completion request failed: {check.message}")
         self.messages.reply(failed, clicked, Note(text=f":x: 3/4 The new pod {pod} is Ready but does not serve: "
                                                        f"{check.message}", diagnosis=check.diagnosis,
@@ -155,8 +173,8 @@ class Rollout:
         self.messages.reply(incident, clicked, Note(
             text=f":hourglass_flowing_sand: 4/4 Soak: watching {pod} for {self.steps.soak_seconds:g} s."))
         started = self.clock()
-        soaked = probe.soak(workload, pod, self.steps.soak_seconds)
-        if soaked.outcome == "ready":
+        soaked = probe.soak(workload, pod, self.steps.soak_seconds, self.diagnose)
+        if soaked.ready:
             self.messages.reply(incident, clicked, Note(text=f":white_check_mark: 4/4 {soaked.message}"))
             try:
                 memory = probe.gpu_memory(workload, pod, started, self.clock())
@@ -221,6 +239,9 @@ class Rollout:
         return incident
 
     def roll_back(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
+        """Undo exactly the change this incident applied: the change its proposal (id and digest)
+        left in the audit record of the workload it names, which must be the incident's own
+        workload (bound by the incident's name); scoped and refused like Approve."""
         channel = clicked.channel if clicked else None
         if not self.approvers.is_approver(user):
             return self.messages.refuse("not_allowed", channel, user,
@@ -231,19 +252,43 @@ class Rollout:
             state = incident.state if incident else "gone"
             return self.messages.refuse("nothing_to_roll_back", channel, user,
                                         f"Nothing to roll back (the incident is {state}).")
-        if not self.approvers.is_approver(user, incident.namespace, channel or incident.slack_channel):
+        target = incident.proposal.workload
+        if not self.approvers.is_approver(user, incident.namespace, channel or incident.slack_channel) or \
+                not self.approvers.is_approver(user, target.namespace, channel or incident.slack_channel):
             return self.messages.refuse("not_allowed", channel, user,
                                         f"You are not allowed to roll back changes in namespace "
-                                        f"{incident.namespace} from this channel.")
+                                        f"{target.namespace} from this channel.")
+        if incident.proposal.approvals_off or self.policy.proposals_only:
+            return self.messages.refuse("proposals_only", channel, user,
+                                        f"Nothing was changed: this bot runs in {PROPOSALS_ONLY}")
+        if not self._own_workload(incident):
+            log.warning("incident %s names %s %s/%s, not its own workload: roll back refused", name, target.kind,
+                        target.namespace, target.name)
+            return self.messages.refuse("wrong_target", channel, user,
+                                        "Nothing was changed: this incident's record names another workload than "
+                                        "its own (the incident object was edited).")
         # Claim the rollback by CAS, so a double click rolls back once.
         claimed = self.cas.claim(name, ROLLBACK_FROM, S.ROLLED_BACK, f"rollback by {user}")
         if claimed is None:
             return self.messages.someone_else_first(self.store.get(name), clicked, user)
         assert claimed.proposal is not None
-        workload = claimed.proposal.workload
+        return self._roll_back_claimed(claimed, user, clicked)
+
+    def _own_workload(self, incident: Incident) -> bool:
+        """The proposal's workload is the one the incident is about, by the incident's name (derived
+        from cluster, namespace, workload and cause; an edit of those fields does not move it)."""
+        assert incident.proposal is not None
+        target = incident.proposal.workload
+        return (target.namespace, target.name) == (incident.namespace, incident.workload) and \
+            incident_name(self.cluster.name, target.namespace, target.name, incident.cause) == incident.name
+
+    def _roll_back_claimed(self, claimed: Incident, user: str, clicked: MessageRef | None) -> str:
+        assert claimed.proposal is not None
+        name, workload = claimed.name, claimed.proposal.workload
+        change = ChangeToUndo(proposal_id=claimed.proposal.id, digest=claimed.proposal.digest, uid=workload.uid)
         try:
             result = self.cluster.rollback(workload.namespace, workload.kind, workload.name,
-                                           self.messages.actor(user))
+                                           self.messages.actor(user), change)
         except Exception as exc:
             result = ApplyResult(ok=False, message=f"{type(exc).__name__}: {exc}")
         if result.ok:

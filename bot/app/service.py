@@ -62,7 +62,7 @@ class OncallService:
         self.why = Why(cluster, store, chat, cas, self.intake, proposer, self.posting, self.metrics, self.policy,
                        clock, self.approvers)
         self.rollout = Rollout(cluster, store, cas, self.approvers, messages, self.metrics, self.policy, clock,
-                               verify_steps)
+                               verify_steps, diagnose)
         self.decisions = Decisions(cluster, store, cas, self.approvers, messages, proposer, self.intake,
                                    self.metrics, self._follow_rollout, clock)
 

@@ -6,6 +6,8 @@ May import: `bot.app` (the ports it implements and their records), `bot.remedy`,
 Entry points for callers (the command line wires them):
 - `LiveCluster(KubeApi(api_client), name=...)` or `LiveCluster.from_environment(name, context)`:
   ClusterPort on a real cluster (resolve_pod, collect, workload_for, propose, apply, rollback, verify).
+  It does the I/O only: what to patch, whether it may, and what a rollout's pods mean are decided
+  in bot.app.workload_ops and bot.app.verdict (tests/test_arch_core_decisions.py holds it so).
 - `KubeIncidentStore`: IncidentStore as VLLMIncident custom resources (bot.kube.incidents).
 - `RetryPolicy` (the one shared policy, bot.app.retrying): pass `count=metrics.count_retry` to count retries.
 - errors (bot.kube.errors): every failed call is one KubeError subclass (NotFound, Conflict,
