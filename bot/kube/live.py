@@ -131,6 +131,12 @@ class LiveCluster:
             return proposal.model_copy(update={"dry_run_ok": False,
                                                "dry_run_message": f"server-side dry run refused the patch: "
                                                                   f"{exc.server_message}"})
+        except KubeForbidden as exc:
+            # A read-only role (the proposals-only install) may not even dry-run a patch: the
+            # proposal is still posted, with no button, saying which permission approve mode adds.
+            return proposal.model_copy(update={"dry_run_ok": False, "dry_run_message": (
+                f"not run: the bot's role may not {exc.verb} {exc.resource} in namespace {workload.namespace} "
+                "(a read-only, proposals-only install; approve mode grants it)")})
 
     # -- applying
     def was_applied(self, proposal: Proposal) -> ApplyResult | None:
