@@ -133,13 +133,25 @@ def test_every_rendered_object_validates_strictly(variant, tmp_path):
             assert obj["metadata"]["namespace"] == "vllm-oncall", obj["metadata"]["name"]
 
 
+def test_the_charts_own_defaults_render_what_kustomize_does_with_no_secret():
+    """`helm template deploy/chart` with no value given: the Secret is yours to make, as with kustomize."""
+    objects = render({})
+    assert "Secret" not in {o["kind"] for o in objects}
+    refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in container(objects)["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs == {"vllm-oncall-slack"}
+    assert helm().lint(CHART, strict=True, namespace="vllm-oncall")["errors"] == []
+
+
 def test_settings_that_cannot_work_stop_the_render_with_the_value_to_fix():
     errors = helm().HelmError
     cases = {
         "approvers or approverGroups: approve mode needs": values_for("approve", {"approvers": []}),
         'approvers: Slack user ids look like U0123ALICE (a U or W, then capitals and digits), not "alice"':
             values_for("approve", {"approvers": ["alice"]}),
-        'mode: must be proposals-only or approve, not "auto"': values_for("default", {"mode": "auto"}),
+        # values.schema.json: a value's shape, and a misspelt key
+        "at '/mode': value must be one of 'proposals-only', 'approve'": values_for("default", {"mode": "auto"}),
+        "at '/slack': additional properties 'bottoken' not allowed": values_for("default", {"slack": {"bottoken": "x"}}),
+        "at '/image/digest': 'abc' does not match pattern": values_for("default", {"image": {"digest": "abc"}}),
         "slack.channel: the alert channel's id": values_for("default", {"slack": {"channel": ""}}),
         "slack.botToken and slack.existingSecret: set one": values_for("default", {"slack": {"existingSecret": "x"}}),
         "kubeconfigSecret: with clusters": values_for("default", {"clusters": {"prod-eu": "ctx-eu"}}),

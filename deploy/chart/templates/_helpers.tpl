@@ -40,11 +40,9 @@ app.kubernetes.io/component: bot
 {{- end -}}
 {{- end -}}
 
-{{/* Settings that cannot work together stop the install with one line naming the value. */}}
+{{/* Settings that cannot work together stop the install with one line naming the value (each value's
+     own shape, e.g. mode's two choices, is values.schema.json's). */}}
 {{- define "vllm-oncall.validate" -}}
-{{- if not (has .Values.mode (list "proposals-only" "approve")) -}}
-{{- fail (printf "mode: must be proposals-only or approve, not %q" .Values.mode) -}}
-{{- end -}}
 {{- if and (eq .Values.mode "approve") (not .Values.approvers) (not .Values.approverGroups) -}}
 {{- fail "approvers or approverGroups: approve mode needs at least one Slack user id (U…) or user group id (S…), e.g. --set approvers='{U0123ALICE}'" -}}
 {{- end -}}
@@ -74,8 +72,5 @@ app.kubernetes.io/component: bot
 {{- end -}}
 {{- if and .Values.clusters (not .Values.kubeconfigSecret) -}}
 {{- fail "kubeconfigSecret: with clusters, name the Secret holding the kubeconfig (key config) with every context" -}}
-{{- end -}}
-{{- if not (has .Values.verifyRequestVia (list "proxy" "pod-ip")) -}}
-{{- fail (printf "verifyRequestVia: must be proxy or pod-ip, not %q" .Values.verifyRequestVia) -}}
 {{- end -}}
 {{- end -}}
