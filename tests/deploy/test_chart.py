@@ -189,6 +189,11 @@ def test_approve_mode_adds_exactly_the_verbs_it_uses_cluster_wide_by_default():
     assert all(permissions[p] == {None} for p in APPROVE_ONLY)
 
 
+def test_approve_mode_verifying_by_pod_ip_needs_no_pod_proxy():
+    permissions = granted(render(values_for("approve", {"verifyRequestVia": "pod-ip"})))
+    assert set(permissions) == required_set() - {("get", "", "pods/proxy"), ("create", "", "pods/proxy")}
+
+
 def test_approve_mode_with_namespaces_grants_the_writes_there_only():
     permissions = granted(render(values_for("approve", {"rbac": {"namespaces": ["inference", "batch"]}})))
     assert set(permissions) == required_set()
