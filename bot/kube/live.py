@@ -152,7 +152,13 @@ class LiveCluster:
             if isinstance(exc, KubeInvalid):
                 raise
             return PatchAnswer(PatchStatus.CONFLICT, message=exc.server_message)
-        except KubeForbidden:
+        except KubeForbidden as exc:
+            if dry_run:
+                # A read-only role (the proposals-only install) may not even dry-run a patch: the
+                # proposal is still posted, with no button, saying which permission approve mode adds.
+                return PatchAnswer(PatchStatus.REFUSED, message=(
+                    f"not run: the bot's role may not {exc.verb} {exc.resource} in namespace {namespace} "
+                    "(a read-only, proposals-only install; approve mode grants it)"))
             raise
         except KubeError as exc:  # a 5xx, a timeout: it may have committed
             if dry_run:
