@@ -115,7 +115,7 @@ class ChatPort(Protocol):
         """Whether the bot's own reply with `key` is in the thread of `thread`. Raises
         ChatUnavailable when it cannot tell."""
 
-    def tell_user(self, channel: str, user: str, text: str) -> None:
+    def tell_user(self, channel: str, user: str, note: Note) -> None:
         """A message only that user sees (Slack: ephemeral)."""
 
     def group_members(self, group_id: str) -> set[str]: ...

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from bot.diagnosis.evidence import pod_view
-from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.diagnosis.models import DiagnosisResult, Evidence, revised
 from bot.diagnosis.redact import Redactor, redact
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def with_llm_wording(settings: LLMSettings | None, playbooks: Any = None) -> Cal
         words = explain(result, settings)
         if not words:
             return result
-        return result.model_copy(update={"explanation": f"{result.explanation}\nIn plain words: {words}"})
+        return revised(result, explanation=f"{result.explanation}\nIn plain words: {words}")
 
     return diagnose_and_word
 

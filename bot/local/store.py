@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import tempfile
@@ -13,6 +14,14 @@ from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident
 from bot.app.redaction import redacted_incident
 from bot.diagnosis.redact import DEFAULT, Redactor
+
+# Files written before the incident's message fields were named for any chat.
+_EARLIER_KEYS = {"slack_channel": "chat_channel", "slack_ts": "message_id"}
+
+
+def _read(path: Path) -> Incident:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return Incident.model_validate({_EARLIER_KEYS.get(key, key): value for key, value in record.items()})
 
 
 class FolderIncidentStore:
@@ -36,7 +45,7 @@ class FolderIncidentStore:
         return lock  # closing the file releases the lock
 
     def create(self, incident: Incident) -> Incident:
-        stored = redacted_incident(incident, self.redactor).model_copy(update={"version": "1"})
+        stored = redacted_incident(incident, self.redactor).with_version("1")
         path = self._path(incident.name)
         with self._locked(incident.name, exclusive=True):
             try:
@@ -54,19 +63,18 @@ class FolderIncidentStore:
         if not path.exists():
             return None
         with self._locked(name, exclusive=False):
-            return Incident.model_validate_json(path.read_text(encoding="utf-8"))
+            return _read(path)
 
     def update(self, incident: Incident) -> Incident:
         path = self._path(incident.name)
         with self._locked(incident.name, exclusive=True):
             if not path.exists():
                 raise IncidentConflict(f"{incident.name}: deleted")
-            current = Incident.model_validate_json(path.read_text(encoding="utf-8"))
+            current = _read(path)
             if current.version != incident.version:
                 raise IncidentConflict(f"{incident.name}: version {incident.version} is stale "
                                        f"(now {current.version})")
-            stored = redacted_incident(incident, self.redactor).model_copy(
-                update={"version": str(int(current.version or 0) + 1)})
+            stored = redacted_incident(incident, self.redactor).with_version(str(int(current.version or 0) + 1))
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{incident.name}.", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(stored.model_dump_json(indent=1))

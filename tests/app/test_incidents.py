@@ -79,7 +79,7 @@ def test_folder_get_missing_and_list_by_label(tmp_path):
     store = FolderIncidentStore(tmp_path)
     assert store.get("nope") is None
     store.create(make("a"))
-    store.create(make("b", namespace="other", state="diagnosed", slack_ts="1.2", slack_channel="C1"))
+    store.create(make("b", namespace="other", state="diagnosed", message_id="1.2", chat_channel="C1"))
     assert [i.name for i in store.list(namespace="inference")] == ["a"]
     assert [i.name for i in store.list(state="diagnosed")] == ["b"]
     assert [i.name for i in store.list(posted="false")] == ["a"]
@@ -113,7 +113,7 @@ def test_folder_cas_across_processes(tmp_path):
 
 
 def test_custom_object_round_trip():
-    incident = make(history=["a", "b"], restarts=7, slack_ts="1.2", slack_channel="C1")
+    incident = make(history=["a", "b"], restarts=7, message_id="1.2", chat_channel="C1")
     obj = to_custom_object(incident)
     assert obj["apiVersion"] == "oncall.vllm.ai/v1"
     assert obj["spec"]["state"] == "proposed" and obj["spec"]["cause"] == "kv-cache-max-model-len"
