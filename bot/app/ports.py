@@ -120,5 +120,5 @@ class ChatPort(Protocol):
 
     def group_members(self, group_id: str) -> set[str]: ...
 
-    def user_name(self, user_id: str) -> str | None:
+    def user_name(self, user: str) -> str | None:
         """A human name for audit records, or None if unknown."""

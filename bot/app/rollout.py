@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
@@ -211,17 +211,16 @@ class Rollout:
         and only reported."""
         def change(inc: Incident) -> Incident | None:
             now = self.clock()
-            fields: dict[str, Any] = {"verification_step": None, "verify_lease": None}  # every result ends it
-            if inc.applied is not None:
-                outcome = RolloutOutcome(outcome=VerifyOutcome(result.outcome), pod=result.pod,
-                                         message=result.message, at=now)
-                fields["applied"] = inc.applied.followed(outcome)
+            applied = inc.applied.followed(RolloutOutcome(outcome=VerifyOutcome(result.outcome), pod=result.pod,
+                                                          message=result.message, at=now)) \
+                if inc.applied is not None else None
+            # Every result ends the verification: no step, no lease.
             if to is not None and can_move(inc.state, to):
-                return moved(inc, to, now, note, **fields)
+                return moved(inc, to, now, note, verification_step=None, verify_lease=None, applied=applied)
             if to is not None:
                 log.warning("incident %s is %s now: not moving it to %s on a stale rollout result",
                             name, inc.state, to)
-            return inc.revised(**fields)
+            return inc.at_step(None, None).revised(applied=applied)
 
         incident = self.cas.mutate(name, change)
         assert incident is not None, f"incident {name} vanished"

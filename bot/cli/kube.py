@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from bot.app.state import VerifyOutcome
 from bot.cli import books as cli_books
 from bot.diagnosis.render import command_line
 
@@ -151,7 +152,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if args.verify and result.workload:
         verification = cluster.verify(result.workload, args.timeout)
         print(verification.message)
-        return 0 if verification.outcome == "ready" else 1
+        return 0 if verification.outcome == VerifyOutcome.READY else 1
     return 0
 
 
