@@ -163,5 +163,5 @@ class RecordingChat:
     def group_members(self, group_id):
         return self.groups.get(group_id, set())
 
-    def user_name(self, user_id):
-        return None
+    def actor(self, user_id):
+        return f"slack:{user_id}"  # as Slack's side says it without a user name

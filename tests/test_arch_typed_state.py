@@ -133,6 +133,7 @@ SLACK_MARKUP = re.compile(
     r"|<[@!#]"  # a mention: <@U123>, <!channel>, <#C123>
     r"|&(?:amp|lt|gt);"  # mrkdwn's escapes (bot/slack/escape.py escapes, once)
     r"|\bmrkdwn\b"
+    r"|\bslack:"  # Slack's user ids as the audit record writes them, slack:U123
 )
 # Slack's names for a message, its thread, a channel, a user, a block: the app says
 # MessageRef.message_id, Incident.chat_channel / message_id, Note.

@@ -93,8 +93,4 @@ class Messages:
 
     def actor(self, user: str) -> str:
         """Who, for the audit annotation and Event on the workload: a name and the chat id."""
-        try:
-            name = self.chat.user_name(user)
-        except ChatUnavailable:
-            name = None
-        return f"{name} (slack:{user})" if name else f"slack:{user}"
+        return self.chat.actor(user)

@@ -120,5 +120,6 @@ class ChatPort(Protocol):
 
     def group_members(self, group_id: str) -> set[str]: ...
 
-    def user_name(self, user: str) -> str | None:
-        """A human name for audit records, or None if unknown."""
+    def actor(self, user: str) -> str:
+        """Who `user` is, for the audit annotation and Event on the workload: a name and the
+        chat's id for them. Never raises: without a name (the chat is down), the id alone."""

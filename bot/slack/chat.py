@@ -69,6 +69,15 @@ POST_BUDGET_SECONDS = post_budget(DEFAULT_POST_LEASE.total_seconds())
 HISTORY_PAGE, HISTORY_PAGES = 200, 10
 
 
+def audit_actor(user_id: str, user_name: Callable[[str], str | None]) -> str:
+    """`name (slack:U123)` for the audit record, or `slack:U123` when the name cannot be had."""
+    try:
+        name = user_name(user_id)
+    except ChatUnavailable:
+        name = None
+    return f"{name} (slack:{user_id})" if name else f"slack:{user_id}"
+
+
 def make_client(token: str, base_url: str | None = None, timeout: int = CLIENT_TIMEOUT_SECONDS) -> WebClient:
     """A WebClient without slack_sdk's own retry handlers: retries happen (and are counted) here."""
     return WebClient(token=token, base_url=base_url or SLACK_API_URL, timeout=timeout, retry_handlers=[])
@@ -241,6 +250,9 @@ class SlackChat:
         resp = self.call("users.info", self.client.users_info, user=user_id)
         user = resp.get("user") or {}
         return user.get("name") or user.get("real_name") or None
+
+    def actor(self, user_id: str) -> str:
+        return audit_actor(user_id, self.user_name)
 
     def check(self) -> str:
         """For /readyz: Slack answers and the token is valid. Returns the bot's user id."""

@@ -12,6 +12,7 @@ from typing import TextIO
 from bot.app.records import Incident, MessageRef, Note
 from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.slack.blocks import blocks_to_text, incident_message, note_message
+from bot.slack.chat import audit_actor
 from bot.slack.escape import unescape
 from bot.slack.notes import note_text
 
@@ -70,3 +71,6 @@ class TerminalChat:
 
     def user_name(self, user_id: str) -> str | None:
         return "demo-approver" if user_id.startswith("U0DEMO") else None
+
+    def actor(self, user_id: str) -> str:
+        return audit_actor(user_id, self.user_name)
