@@ -173,3 +173,20 @@ def test_every_note_kind_is_worded_by_the_slack_side():
     from bot.slack.notes import _WORDS
 
     assert set(_WORDS) == set(NoteKind)
+
+
+# ---- the typed edit itself --------------------------------------------------------------
+
+def test_an_edit_with_a_misspelled_field_or_a_wrong_type_raises():
+    import pytest
+    from pydantic import ValidationError
+
+    from bot.app.records import Lease, MessageRef
+    from bot.diagnosis.models import revised
+
+    ref = MessageRef(channel="C1", message_id="1.0")
+    assert revised(ref, message_id="2.0") == MessageRef(channel="C1", message_id="2.0")
+    with pytest.raises(TypeError, match="no field message_ts"):
+        revised(ref, message_ts="2.0")  # model_copy(update=...) would drop it without a word
+    with pytest.raises(ValidationError):
+        revised(Lease(holder="a/1", until="2026-01-01T00:00:00Z"), until="not a time")
