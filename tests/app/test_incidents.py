@@ -121,3 +121,18 @@ def test_custom_object_round_trip():
     obj["metadata"]["resourceVersion"] = "42"
     back = from_custom_object(obj)
     assert back == incident.model_copy(update={"version": "42"})
+
+
+def test_the_stored_record_keeps_the_keys_every_earlier_version_reads(tmp_path):
+    """The message fields are named for any chat in the code; the records already in a cluster
+    (and an older replica during a rolling upgrade) keep theirs, so nobody posts a message twice."""
+    import json
+
+    record = json.loads(to_custom_object(make(message_id="1.2", chat_channel="C1"))["spec"]["record"])
+    assert (record["slack_ts"], record["slack_channel"]) == ("1.2", "C1") and "message_id" not in record
+    # A file the folder store wrote before the rename still loads with its message.
+    store = FolderIncidentStore(tmp_path)
+    old = make().model_dump(mode="json", exclude={"message_id", "chat_channel"})
+    (tmp_path / "inc-1.json").write_text(json.dumps({**old, "slack_ts": "3.4", "slack_channel": "C2", "version": "1"}))
+    loaded = store.get("inc-1")
+    assert loaded is not None and loaded.message_ref() is not None and loaded.message_ref().message_id == "3.4"
