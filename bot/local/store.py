@@ -15,13 +15,22 @@ from bot.app.records import Incident
 from bot.app.redaction import redacted_incident
 from bot.diagnosis.redact import DEFAULT, Redactor
 
-# Files written before the incident's message fields were named for any chat.
-_EARLIER_KEYS = {"slack_channel": "chat_channel", "slack_ts": "message_id"}
+# The file's keys for the incident's message, as every earlier version wrote them (as in the
+# cluster's objects, bot/kube/incidents.py): two processes of different versions sharing the
+# folder read the same file.
+_STORED_KEYS = {"chat_channel": "slack_channel", "message_id": "slack_ts"}
+_FIELDS = {stored: field for field, stored in _STORED_KEYS.items()}
 
 
 def _read(path: Path) -> Incident:
     record = json.loads(path.read_text(encoding="utf-8"))
-    return Incident.model_validate({_EARLIER_KEYS.get(key, key): value for key, value in record.items()})
+    return Incident.model_validate({_FIELDS.get(key, key): value for key, value in record.items()})
+
+
+def _text(incident: Incident) -> str:
+    record = incident.model_dump(mode="json")
+    return json.dumps({_STORED_KEYS.get(key, key): value for key, value in record.items()}, indent=1,
+                      ensure_ascii=False)
 
 
 class FolderIncidentStore:
@@ -53,7 +62,7 @@ class FolderIncidentStore:
             except FileExistsError:
                 raise IncidentExists(incident.name) from None
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(stored.model_dump_json(indent=1))
+                f.write(_text(stored))
                 f.flush()
                 os.fsync(f.fileno())
         return stored
@@ -77,7 +86,7 @@ class FolderIncidentStore:
             stored = redacted_incident(incident, self.redactor).with_version(str(int(current.version or 0) + 1))
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{incident.name}.", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(stored.model_dump_json(indent=1))
+                f.write(_text(stored))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)  # readers see the old or the new file, never half of one

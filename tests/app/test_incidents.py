@@ -130,8 +130,11 @@ def test_the_stored_record_keeps_the_keys_every_earlier_version_reads(tmp_path):
 
     record = json.loads(to_custom_object(make(message_id="1.2", chat_channel="C1"))["spec"]["record"])
     assert (record["slack_ts"], record["slack_channel"]) == ("1.2", "C1") and "message_id" not in record
-    # A file the folder store wrote before the rename still loads with its message.
+    # So does the folder store's file, and one it wrote before loads with its message.
     store = FolderIncidentStore(tmp_path)
+    store.create(make("inc-2", message_id="5.6", chat_channel="C3"))
+    assert json.loads((tmp_path / "inc-2.json").read_text())["slack_ts"] == "5.6"
+    assert store.get("inc-2").message_ref().message_id == "5.6"
     old = make().model_dump(mode="json", exclude={"message_id", "chat_channel"})
     (tmp_path / "inc-1.json").write_text(json.dumps({**old, "slack_ts": "3.4", "slack_channel": "C2", "version": "1"}))
     loaded = store.get("inc-1")
