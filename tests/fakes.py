@@ -18,6 +18,7 @@ from bot.app.records import ApplyResult, MessageRef, Note, Verification
 from bot.diagnosis.evidence import load_bundle
 from bot.diagnosis.models import Change, DiagnosisResult, Evidence
 from bot.remedy.models import Proposal, WorkloadRef
+from bot.slack.notes import note_text
 
 BUNDLE = Path(__file__).resolve().parents[1] / "examples" / "incident" / "bundle"
 
@@ -133,7 +134,7 @@ class RecordingChat:
             raise ChatUnavailable("chat.postMessage: service_unavailable")
         with self._lock:
             self.posts.append((incident.name, channel or "C0ALERTS"))
-            ref = MessageRef(channel=channel or "C0ALERTS", ts=f"{len(self.posts)}.0001")
+            ref = MessageRef(channel=channel or "C0ALERTS", message_id=f"{len(self.posts)}.0001")
             if incident.post_key:
                 self.keys[(ref.channel, incident.post_key)] = ref
             return ref
@@ -157,11 +158,11 @@ class RecordingChat:
             raise ChatUnavailable("conversations.replies: service_unavailable")
         return any(t == thread and n.key == key for t, n in self.replies)
 
-    def tell_user(self, channel, user, text):
-        self.told.append((user, text))
+    def tell_user(self, channel, user, note):
+        self.told.append((user, note_text(note)))  # as Slack would show it
 
     def group_members(self, group_id):
         return self.groups.get(group_id, set())
 
-    def user_name(self, user_id):
-        return None
+    def actor(self, user_id):
+        return f"slack:{user_id}"  # as Slack's side says it without a user name

@@ -122,10 +122,11 @@ class ChatPort(Protocol):
         """Whether the bot's own reply with `key` is in the thread of `thread`. Raises
         ChatUnavailable when it cannot tell."""
 
-    def tell_user(self, channel: str, user: str, text: str) -> None:
+    def tell_user(self, channel: str, user: str, note: Note) -> None:
         """A message only that user sees (Slack: ephemeral)."""
 
     def group_members(self, group_id: str) -> set[str]: ...
 
-    def user_name(self, user_id: str) -> str | None:
-        """A human name for audit records, or None if unknown."""
+    def actor(self, user: str) -> str:
+        """Who `user` is, for the audit annotation and Event on the workload: a name and the
+        chat's id for them. Never raises: without a name (the chat is down), the id alone."""

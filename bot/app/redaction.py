@@ -18,39 +18,39 @@ from pydantic import BaseModel
 
 from bot.app.evidence_cache import CachedEvidence
 from bot.app.records import Incident
-from bot.diagnosis.models import DiagnosisResult
+from bot.diagnosis.models import DiagnosisResult, revised
 from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.remedy.plan import redact_proposal
 
 
 def redacted_diagnosis(diagnosis: DiagnosisResult, redactor: Redactor = DEFAULT) -> DiagnosisResult:
     text = redactor.text
-    return diagnosis.model_copy(update={
-        "title": text(diagnosis.title), "explanation": text(diagnosis.explanation),
-        "evidence": [text(line) for line in diagnosis.evidence], "memory_picture": text(diagnosis.memory_picture),
-        "command_before": redactor.args(diagnosis.command_before),
-        "command_after": redactor.args(diagnosis.command_after), "facts": redactor.structure(diagnosis.facts)})
+    return revised(
+        diagnosis, title=text(diagnosis.title), explanation=text(diagnosis.explanation),
+        evidence=[text(line) for line in diagnosis.evidence], memory_picture=text(diagnosis.memory_picture),
+        command_before=redactor.args(diagnosis.command_before),
+        command_after=redactor.args(diagnosis.command_after), facts=redactor.structure(diagnosis.facts))
 
 
 def redacted_incident(incident: Incident, redactor: Redactor = DEFAULT) -> Incident:
     """A copy with the diagnosis, the proposal's display fields and patch values, and the
     history redacted. Idempotent: redacting a redacted incident changes nothing."""
-    return incident.model_copy(update={
-        "diagnosis": _once(redacted_diagnosis, incident.diagnosis, redactor) if incident.diagnosis else None,
-        "proposal": _once(redact_proposal, incident.proposal, redactor) if incident.proposal else None,
-        "history": [_text(line, redactor) for line in incident.history],
-        "applied": incident.applied.model_copy(update={"message": _text(incident.applied.message, redactor)})
+    return incident.revised(
+        diagnosis=_once(redacted_diagnosis, incident.diagnosis, redactor) if incident.diagnosis else None,
+        proposal=_once(redact_proposal, incident.proposal, redactor) if incident.proposal else None,
+        history=[_text(line, redactor) for line in incident.history],
+        applied=revised(incident.applied, message=_text(incident.applied.message, redactor))
         if incident.applied else None,
-        "evidence": _once(redacted_evidence, incident.evidence, redactor) if incident.evidence else None,
-    })
+        evidence=_once(redacted_evidence, incident.evidence, redactor) if incident.evidence else None,
+    )
 
 
 def redacted_evidence(kept: CachedEvidence, redactor: Redactor = DEFAULT) -> CachedEvidence:
     """The evidence kept with an incident for `/vllm why`: the log's text through the text rules
     (which leave vLLM's numbers alone: the diagnosis from it is the same), the pod's containers
     through the argv and env rules, everything else through the text rules."""
-    return kept.model_copy(update={"log_text": redactor.text(kept.log_text), "pod": redactor.structure(kept.pod),
-                                   "node": redactor.structure(kept.node), "events": redactor.structure(kept.events)})
+    return revised(kept, log_text=redactor.text(kept.log_text), pod=redactor.structure(kept.pod),
+                   node=redactor.structure(kept.node), events=redactor.structure(kept.events))
 
 
 # ---- each part redacted once ---------------------------------------------------------------

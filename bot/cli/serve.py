@@ -12,6 +12,7 @@ from typing import TextIO
 
 import yaml
 
+from bot.app.state import IncidentState
 from bot.cli.access import ClusterAccessError
 from bot.cli.books import add_option as add_playbooks_option
 from bot.cli.books import books_for
@@ -94,7 +95,7 @@ def _demo(example: Path, state: Path, approve: bool, books: list[Playbook] | Non
         return 1
     incident = incidents[0]
     if approve:
-        if incident.state != "proposed":
+        if incident.state != IncidentState.PROPOSED:
             out.write(f"\nnothing to approve: the incident is {incident.state}\n")
         else:
             out.write(f"\n<@{DEMO_APPROVER}> clicks Approve and confirms\n")
@@ -103,7 +104,7 @@ def _demo(example: Path, state: Path, approve: bool, books: list[Playbook] | Non
     kept = f"State kept in {state}" if keep else "Temporary state removed (--state-dir DIR keeps it)"
     final = store.get(incident.name) or incident
     out.write(f"\nIncident {incident.name}: {final.state}. {kept}\n")
-    if not approve and incident.state == "proposed":
+    if not approve and incident.state == IncidentState.PROPOSED:
         out.write("Run `vllm-oncall demo --approve` to see the apply path.\n")
     return 0
 

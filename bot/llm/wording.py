@@ -22,7 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from bot.diagnosis.evidence import pod_view
-from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.diagnosis.models import DiagnosisResult, Evidence, revised
 from bot.diagnosis.redact import Redactor, redact
 from bot.llm.settings import LLMSettings
 
@@ -85,7 +85,7 @@ def with_llm_wording(settings: LLMSettings | None, playbooks: Any = None) -> Cal
         words = explain(result, settings)
         if not words:
             return result
-        return result.model_copy(update={"explanation": f"{result.explanation}\nIn plain words: {words}"})
+        return revised(result, explanation=f"{result.explanation}\nIn plain words: {words}")
 
     return diagnose_and_word
 

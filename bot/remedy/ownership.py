@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from bot.diagnosis import cmdline
-from bot.diagnosis.models import Change
+from bot.diagnosis.models import Change, revised
 from bot.remedy.models import WorkloadRef
 
 PATCHABLE = ("Deployment", "StatefulSet")
@@ -216,4 +216,4 @@ def with_gitops(ref: WorkloadRef, obj: dict[str, Any]) -> WorkloadRef:
     reason = gitops_block_reason(managed_by, who)
     if ref.live_patch_blocked:
         reason = f"{ref.live_patch_blocked}; also {reason}"
-    return ref.model_copy(update={"live_patch_blocked": reason, "managed_by": managed_by})
+    return revised(ref, live_patch_blocked=reason, managed_by=managed_by)

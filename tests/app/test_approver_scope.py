@@ -37,8 +37,8 @@ def make(cluster, chat, folder, scopes="ml-*=U0ML;prod=U0PROD", **policy) -> Onc
 
 def opened(service, namespace):
     incident = service.handle_alert(AlertTarget(namespace=namespace, pod=POD, container="vllm"))
-    assert incident.state == "proposed" and incident.slack_channel == ALERTS
-    return incident, MessageRef(channel=ALERTS, ts=incident.slack_ts)
+    assert incident.state == "proposed" and incident.chat_channel == ALERTS
+    return incident, MessageRef(channel=ALERTS, message_id=incident.message_id)
 
 
 def test_an_approver_of_one_namespace_cannot_approve_in_another(cluster, chat, tmp_path):

@@ -94,7 +94,7 @@ def test_one_new_alert_reads_everything_once(world):
     calls = kube.calls[before:]
     # The whole job was done: a proposal that passed its dry run, one message, its ts stored.
     assert incident is not None and incident.state == "proposed" and incident.proposal.dry_run_ok
-    assert len(slack.posts()) == 1 and incident.slack_ts
+    assert len(slack.posts()) == 1 and incident.message_id
     cluster_side = {what: n for what, n in counted(calls).items() if "vllmincidents" not in what}
     incident_side = {what: n for what, n in counted(calls).items() if "vllmincidents" in what}
     assert cluster_side == CLUSTER_CALLS, f"cluster calls for one new alert: {breakdown(calls)}"
@@ -155,9 +155,9 @@ def test_a_write_during_the_post_falls_back_to_read_modify_write(world):
 
     # The repeat's write made the patch storing the ts lose its compare-and-swap: the poster
     # re-reads and patches again, keeping the repeat's counter; still one message.
-    assert incident is not None and incident.slack_ts and incident.alert_count == 2
+    assert incident is not None and incident.message_id and incident.alert_count == 2
     stored = KubeIncidentStore(KubeApi(kube.api_client()), "vllm-oncall").get(incident.name)
-    assert stored.slack_ts == incident.slack_ts and stored.alert_count == 2 and stored.post_lease is None
+    assert stored.message_id == incident.message_id and stored.alert_count == 2 and stored.post_lease is None
     assert len(slack.posts()) == 1
     patches = [c.code for c in kube.calls if c.resource == "vllmincidents" and c.verb == "patch"]
     assert patches == [200, 409, 200], breakdown(kube.calls)  # the repeat's, ours refused, ours again

@@ -45,12 +45,12 @@ def bot(slack, tmp_path):
 def test_an_ml_approver_clicking_approve_on_a_prod_incident_changes_nothing(bot, slack):
     cluster, service, dispatch = bot
     incident = service.handle_alert(AlertTarget(namespace="prod", pod=POD, container="vllm"))
-    assert dispatch(click_body("vllm_approve", decision_value(incident), "U0ML", incident.slack_ts)).status == 200
+    assert dispatch(click_body("vllm_approve", decision_value(incident), "U0ML", incident.message_id)).status == 200
     assert slack.wait_for(lambda: slack.delivered("chat.postEphemeral"))
     told = slack.delivered("chat.postEphemeral")[0].params
     assert told["user"] == "U0ML" and "not allowed" in told["text"] and "namespace prod" in told["text"]
     assert cluster.applied == [] and service.store.get(incident.name).state == "proposed"
-    dispatch(click_body("vllm_approve", decision_value(incident), "U0PROD", incident.slack_ts))
+    dispatch(click_body("vllm_approve", decision_value(incident), "U0PROD", incident.message_id))
     assert slack.wait_for(lambda: cluster.applied)
 
 
