@@ -94,6 +94,7 @@ CONFIG_FACTS = tuple(dict.fromkeys("config_" + name for name, _ in CONFIG_KEYS.v
 # Memory is GiB unless the name says MiB; token counts are plain ints.
 FACTS: dict[str, str] = {
     "vllm_version": "the vLLM version the log prints",
+    "unrecognized_flags": "the words argparse refused at start-up ('error: unrecognized arguments: --a --b')",
     "weights_gib": "memory the model weights took on one GPU (largest worker)",
     "weights_loaded": "the weights finished loading",
     "total_gpu_gib": "one GPU's total memory, as vLLM measured it",
@@ -389,6 +390,25 @@ FORMATS: tuple[LogFormat, ...] = (
         versions="seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
         source="vllm/engine/llm_engine.py, vllm/v1/engine/core.py 'Initializing an [V1] LLM engine (v%s) with config'; "
                "vllm/entrypoints/openai/api_server.py 'vLLM API server version %s'"),
+    LogFormat(
+        "version_server", r"(?:vLLM server version |Launching vLLM \(v)v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
+        literals=("vLLM server version ", "Launching vLLM (v"),
+        puts=(number(0, "vllm_version", version_text),),
+        versions="'vLLM API server version %s' 0.6.0-0.13.0 (wheels read; the 'version' declaration above); "
+                 "'vLLM server version %s, serving model %s' (or the logo's 'version %s') and "
+                 "'Launching vLLM (v%s) headless' in 0.32.0-0.33.0 (wheels read; 0.14-0.31 not read for this)",
+        source="vllm/entrypoints/serve/utils/api_utils.py log_version_and_model; vllm/entrypoints/cli/serve.py"),
+    LogFormat(
+        # argparse's own message, the same in every release: vLLM exits 2 before it logs a version.
+        # The prefix is the parser's prog: 'api_server.py' for `python -m vllm.entrypoints.openai.api_server`,
+        # 'vllm' for `vllm serve` (unknown words bubble up from the serve subparser to the top parser).
+        "unrecognized_arguments", r"(?:^|\s)[\w./-]+(?: serve)?: error: unrecognized arguments: (.*\S)",
+        literals=("error: unrecognized arguments: ",),
+        puts=(number(0, "unrecognized_flags", str, keep="last"),),
+        versions="any (Python argparse; vLLM 0.6.0-0.33.0 read: FlexibleArgumentParser.error adds a --task hint "
+                 "on the following lines from 0.33.0)",
+        source="Python argparse ArgumentParser.parse_args -> error(); vllm/utils/argparse_utils.py "
+               "FlexibleArgumentParser (vllm/utils.py before 0.11)"),
     LogFormat(
         "engine_config", r"(?:with config|non-default args)[:=]?\s*(.*)$",
         literals=("with config", "non-default args"),
