@@ -30,11 +30,12 @@ def _subcommands(release: str) -> list[str]:
 def _add_flags(parser: argparse.ArgumentParser, release: str) -> None:
     table = TABLE()
     for name, history in sorted(table.flags.items()):
-        if not table.accepts(name, release) or history.alias_of or history.inverse_of:
-            continue
+        if not table.accepts(name, release) or history.alias_of or history.only_as_twin(release):
+            continue  # aliases come with their flag; a 0.33+ twin with its --enable-/--disable- flag
         options = [name, *[a for a in history.aliases if table.accepts(a, release) or not a.startswith("--")]]
+        twins = [n for n, h in table.flags.items() if h.inverse_of == name and h.only_as_twin(release)]
         if history.boolean:
-            parser.add_argument(*options, action=argparse.BooleanOptionalAction)
+            parser.add_argument(*options, *twins, action=argparse.BooleanOptionalAction)
         elif is_boolean(name):
             parser.add_argument(*options, action="store_true")
         else:

@@ -66,11 +66,12 @@ class FlagFix:
         return out
 
     def sentence(self, running: RunningVersion) -> str:
-        what = self.verdict.describe() if self.verdict.state is not FlagState.UNKNOWN else \
-            f"{self.flag} is refused by {running.describe()}"
-        deprecated = f" (deprecated since {self.verdict.deprecated_in})" if self.verdict.deprecated_in else ""
-        action = f"moving its value to {self.spelling}" if self.spelling else "removing it"
-        return f"{what}{deprecated}: {action}"
+        if self.verdict.state is FlagState.UNKNOWN:
+            return f"remove {self.flag}: {running.describe()} refused it"
+        if self.spelling:
+            return (f"move {self.flag}'s value to {self.spelling}: {running.describe()} has no {self.flag} "
+                    f"({self.verdict.describe()})")
+        return f"remove {self.flag}: {running.describe()} has no {self.flag} ({self.verdict.describe()})"
 
 
 def plan_flag_fixes(cmd: ParsedCommand, refused: list[str], running: RunningVersion) -> tuple[list[FlagFix], list[str]]:

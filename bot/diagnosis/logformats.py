@@ -387,16 +387,19 @@ FORMATS: tuple[LogFormat, ...] = (
         "version", r"(?:LLM engine \(v|vLLM API server version |vLLM version |vllm version )v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
         literals=("LLM engine (v", "version "),
         puts=(number(0, "vllm_version", version_text),),
-        versions="seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
+        versions="wheels 0.6.0-0.33.0 read: 'Initializing an LLM engine (v%s)' 0.6.0-0.6.6, 'Initializing a V0/V1 "
+                 "LLM engine (v%s)' 0.7.3-0.10.2 (V0) / 0.7.3-0.33.0 (V1); 'vLLM API server version %s' 0.6.0-0.24.0",
         source="vllm/engine/llm_engine.py, vllm/v1/engine/core.py 'Initializing an [V1] LLM engine (v%s) with config'; "
                "vllm/entrypoints/openai/api_server.py 'vLLM API server version %s'"),
     LogFormat(
-        "version_server", r"(?:vLLM server version |Launching vLLM \(v)v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
-        literals=("vLLM server version ", "Launching vLLM (v"),
+        "version_server", r"(?:vLLM server version |Launching vLLM \(v|▀▄▀ █(?:\x1b\[[0-9;]*m)?\s+version\s+"
+                          r"(?:\x1b\[[0-9;]*m)?)v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
+        literals=("vLLM server version ", "Launching vLLM (v", "▀▄▀"),
         puts=(number(0, "vllm_version", version_text),),
-        versions="'vLLM API server version %s' 0.6.0-0.13.0 (wheels read; the 'version' declaration above); "
-                 "'vLLM server version %s, serving model %s' (or the logo's 'version %s') and "
-                 "'Launching vLLM (v%s) headless' in 0.32.0-0.33.0 (wheels read; 0.14-0.31 not read for this)",
+        versions="wheels 0.6.0-0.33.0 read: 'vLLM API server version %s' 0.6.0-0.24.0 (the 'version' declaration "
+                 "above); 'vLLM server version %s, serving model %s' (VLLM_DISABLE_LOG_LOGO or no formatter), else "
+                 "the logo's second line '... ▀▄▀ █  version %s' (bold with the color formatter), 0.15.1-0.33.0; "
+                 "'Launching vLLM (v%s) headless multiproc executor' 0.11.2-0.33.0",
         source="vllm/entrypoints/serve/utils/api_utils.py log_version_and_model; vllm/entrypoints/cli/serve.py"),
     LogFormat(
         # argparse's own message, the same in every release: vLLM exits 2 before it logs a version.

@@ -102,6 +102,7 @@ class Verdict:
     renamed_to: str | None = None  # the spelling this release accepts instead, if any
     deprecated_in: str | None = None
     first: str | None = None  # the first release read that accepts the flag
+    last_before: str | None = None  # for a removal: the last release read that still had it
 
     @property
     def accepted(self) -> bool:
@@ -109,10 +110,12 @@ class Verdict:
 
     def describe(self) -> str:
         if self.state is FlagState.REMOVED:
-            tail = f"; use {self.renamed_to}" if self.renamed_to else ""
-            return f"{self.flag} was removed in vLLM {self.removed_in}{tail}"
+            said = [f"last in {self.last_before}"] if self.last_before else []
+            said += [f"deprecated since {self.deprecated_in}"] if self.deprecated_in else []
+            tail = f"; {self.version} spells it {self.renamed_to}" if self.renamed_to else ""
+            return f"{self.flag} is gone from vLLM {self.removed_in}" + (f" ({', '.join(said)})" if said else "") + tail
         if self.state is FlagState.NOT_YET:
-            tail = f"; this release spells it {self.renamed_to}" if self.renamed_to else ""
+            tail = f"; {self.version} spells it {self.renamed_to}" if self.renamed_to else ""
             return f"{self.flag} first appears in vLLM {self.first}, after {self.version}{tail}"
         if self.state is FlagState.NEVER:
             return f"{self.flag} is in no vLLM release from {TABLE().releases[0]} to {TABLE().releases[-1]}"
@@ -163,7 +166,9 @@ class FlagTable:
         removal = history.removal_after(release)
         if removal is None:
             return Verdict(state=FlagState.NOT_YET, renamed_to=instead, **base)  # type: ignore[arg-type]
+        before = [b for _, b in history.ranges if (version_key(b) or ()) < (version_key(removal.release) or ())]
         return Verdict(state=FlagState.REMOVED, removed_in=removal.release, renamed_to=instead,
+                       deprecated_in=history.deprecated, last_before=before[-1] if before else None,
                        **base)  # type: ignore[arg-type]
 
     def spelling_in(self, flag: str, release: str) -> str | None:
