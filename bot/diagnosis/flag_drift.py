@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.diagnosis.cmdline import ParsedCommand, canonical, is_boolean
-from bot.diagnosis.formulas import Computed, Context, formula
+from bot.diagnosis.formulas import Computed, Context, NoSafeChange, formula
 from bot.diagnosis.models import Change
 from bot.diagnosis.vllm_versions import TABLE, FlagState, Verdict, version_key, version_of_image
 
@@ -60,7 +60,7 @@ class FlagFix:
 
     def changes(self, cmd: ParsedCommand) -> list[Change]:
         out = [Change(kind="flag", name=self.flag, before=self.value, after=None)]
-        if self.spelling and not cmd.has(self.spelling):
+        if self.spelling and not cmd.spelled(self.spelling):  # exactly that spelling: an alias is the refused one
             after = "true" if self.value is None else self.value
             out.append(Change(kind="flag", name=self.spelling, before=None, after=after))
         return out
@@ -106,6 +106,8 @@ def drop_unrecognized_flags(ctx: Context) -> Computed | None:
     running = running_version(ctx.signals.get("vllm_version"), container.image if container else None)
     fixes, skipped = plan_flag_fixes(ctx.cmd, refused_flags(ctx.signals.get("unrecognized_flags")), running)
     if not fixes:
+        if skipped:  # the refusal does not fit the pod: say why, change nothing
+            raise NoSafeChange(" ".join(s[:1].upper() + s[1:] + "." for s in skipped))
         return None
     changes = [c for fix in fixes for c in fix.changes(ctx.cmd)]
     text = "; ".join(fix.sentence(running) for fix in fixes) + "."

@@ -199,10 +199,10 @@ class FlagTable:
         while changed:
             changed = False
             for history in self.flags.values():
-                linked = {history.name, *(history.aliases), *([history.alias_of] if history.alias_of else []),
-                          *(r.renamed_to for r in history.removed if r.renamed_to)}
+                linked = {name for name in (history.name, *history.aliases, history.alias_of,
+                                            *(r.renamed_to for r in history.removed)) if name and name.startswith("--")}
                 if linked & out and not linked <= out:
-                    out |= {name for name in linked if name.startswith("--")}
+                    out |= linked
                     changed = True
         return out
 

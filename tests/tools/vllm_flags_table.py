@@ -141,9 +141,12 @@ def _add_argument_actions(tree: ast.Module, types: dict[str, str]) -> list[Actio
         keywords = {k.arg: k.value for k in node.keywords if k.arg}
         spread = [k.value for k in node.keywords if k.arg is None]
         field_name = None
-        for value in spread:  # **model_kwargs["max_model_len"]
+        while spread:  # **model_kwargs["max_model_len"], or **{**cache_kwargs["x"], "default": None}
+            value = spread.pop(0)
             if isinstance(value, ast.Subscript):
                 field_name = _const_str(value.slice)
+            elif isinstance(value, ast.Dict):
+                spread.extend(v for k, v in zip(value.keys, value.values) if k is None)
         dest_node = keywords.get("dest")
         first_long = next(o for o in options if o.startswith("--"))
         dest = (_const_str(dest_node) if dest_node is not None else None) or field_name or first_long[2:].replace("-", "_")
