@@ -209,8 +209,9 @@ def _first_fix(book: Playbook, ctx: Context) -> FixResult:
             if fitted is None:  # never propose a flag the running vLLM release does not have
                 reasons.append(why)
                 continue
-            changes, arithmetic = [], []
-            for spec, r in computed:
+            changes: list[Change] = []
+            arithmetic: list[str] = []
+            for _, r in computed:
                 if r.changes:  # a placeholder name: the formula named the changes itself
                     changes.extend(fitted[len(changes):len(changes) + len(r.changes)])
                     arithmetic.append(f"Proposed: {_sentence(r.arithmetic)}")

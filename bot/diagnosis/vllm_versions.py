@@ -229,7 +229,7 @@ def _range(text: str) -> tuple[str, str]:
 
 
 @lru_cache(maxsize=1)
-def TABLE() -> FlagTable:  # noqa: N802 - one table, read once
+def TABLE() -> FlagTable:  # one table, read once (named as the constant it is)
     """The checked-in table."""
     doc = yaml.safe_load(TABLE_FILE.read_text(encoding="utf-8"))
     flags = {}

@@ -240,15 +240,15 @@ _DEPRECATED_MESSAGE = re.compile(r"(--[a-z0-9][a-z0-9-]*)[^.\n]{0,40}?\bis depre
 def read_release(version: str, tree: Path) -> Release:
     vllm = tree / "vllm"
     files = [vllm / "engine" / "arg_utils.py", _server_module(vllm), vllm / "entrypoints" / "cli" / "serve.py"]
-    modules = [(p, ast.parse(p.read_text(encoding="utf-8"))) for p in files if p is not None and p.is_file()]
+    modules = [ast.parse(p.read_text(encoding="utf-8")) for p in files if p is not None and p.is_file()]
     config_trees = [ast.parse(p.read_text(encoding="utf-8")) for p in sorted((vllm / "config").glob("*.py"))] \
         if (vllm / "config").is_dir() else []
     if (vllm / "config.py").is_file():
         config_trees.append(ast.parse((vllm / "config.py").read_text(encoding="utf-8")))
-    types = _field_types([m for _, m in modules] + config_trees)
+    types = _field_types(modules + config_trees)
     release = Release(version)
     deprecated_by_message: set[str] = set()
-    for path, module in modules:
+    for module in modules:
         release.actions.extend(_add_argument_actions(module, types))
         release.actions.extend(_generated_actions(module, types))
         for node in ast.walk(module):
