@@ -114,8 +114,7 @@ def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = No
     book = next((b for b in (playbooks or default_playbooks()) if b.id == proposal.cause), None)
     if book is None:
         return f"no playbook {proposal.cause!r} declares this change"
-    allowed = book.allowed()
-    extra = [f"{c.kind} {c.name}" for c in proposal.changes if (c.kind, c.name) not in allowed]
+    extra = [f"{c.kind} {c.name}" for c in proposal.changes if not book.allows(c)]
     if extra:
         return f"playbook {book.id} does not allow changing {', '.join(extra)}"
     pod_spec = ch.pod_spec_of(current)
