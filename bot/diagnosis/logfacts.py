@@ -194,7 +194,7 @@ class KeywordScanner:
         return sorted(found)
 
 
-def _trusted(text: str) -> str:
+def trusted_text(text: str) -> str:
     """A line up to its first request payload marker (all of it when it has none); "" when
     nothing but prefixes comes before the marker: a request payload line."""
     if PAYLOAD.search(text) is None:  # the common case, one search
@@ -278,7 +278,7 @@ class _Reader:
             for raw in block.split(b"\n", HEAD_LINES)[:HEAD_LINES]:
                 if len(self.head) >= HEAD_LINES:
                     break
-                self.head.extend([_trusted(t) for t in _clean(raw)[:1]] or [""])
+                self.head.extend([trusted_text(t) for t in _clean(raw)[:1]] or [""])
         self._parse_hits(block)
         self.line_base += block.count(b"\n")
         # tail: the last lines of the stream (this block's end is enough: TAIL_LINES << chunk)
@@ -290,7 +290,7 @@ class _Reader:
                 break
         for raw in block[tail_start:].split(b"\n"):
             for text in _clean(raw)[-1:]:
-                self.tail.append(_trusted(text))
+                self.tail.append(trusted_text(text))
 
     def _parse_hits(self, block: bytes) -> None:
         """Parse the lines holding a literal; a line shape repeated REPEATS_PARSED times is noise."""
@@ -307,7 +307,7 @@ class _Reader:
             if seen >= REPEATS_PARSED and len(self.shapes) < 100_000:
                 continue
             for text in _clean(raw):
-                text = _trusted(text)
+                text = trusted_text(text)
                 if not text:
                     continue  # a request payload line: a user's text, never evidence
                 missed = _parse_line(self.state, text, line_no + 1)
@@ -345,7 +345,7 @@ def _continuation(lines: list[str]) -> list[str]:
     """The lines a wrapped message may continue onto, up to the first request payload marker."""
     kept: list[str] = []
     for line in lines:
-        trusted = _trusted(line)
+        trusted = trusted_text(line)
         if trusted:
             kept.append(trusted)
         if trusted != line:
