@@ -223,7 +223,8 @@ class Commentator:
         doc = {"cause": diagnosis.cause, "title": diagnosis.title, "explanation": diagnosis.explanation,
                "changes": [c.model_dump() for c in diagnosis.changes],
                "evidence": [self.redactor.text(line) for line in diagnosis.evidence[:5]],
-               "log_excerpt": [self.redactor.text(line) for line in excerpt],
+               # redacted as one text: a token wrapped over two lines is masked whole
+               "log_excerpt": self.redactor.text("\n".join(excerpt)).splitlines(),
                "command": self.redactor.args(command)}
         return self.redactor.text(json.dumps(doc))
 
