@@ -131,11 +131,12 @@ def acceptable_commentary(text: str, source: str) -> str | None:
 
 def inert(text: str) -> str:
     """The model's text with nothing that acts in chat: every `<...>` span (a mention, a
-    channel or group ping, a link) removed, and a word joiner after each `@` so no `@name`
-    or `@here` can be read as a mention by any client."""
+    channel or group ping, a link) removed, and a space after each `@` so no `@name` or
+    `@here` can be read as a mention by any client. (Not an invisible joiner: redaction removes
+    zero-width characters, which can hide a token.)"""
     text = _SLACK_ENTITY.sub("[removed]", text)
     text = text.replace("<", "(").replace(">", ")")
-    return _AT_WORD.sub("@\u2060", text)
+    return _AT_WORD.sub("@ ", text)
 
 
 def labelled(text: str) -> str:
