@@ -20,7 +20,7 @@ from bot.app.policy import Policy
 from bot.app.ports import ChatPort, ChatUnavailable, ClusterPort, IncidentStore, PodNotFound
 from bot.app.posting import Poster
 from bot.app.proposals import Proposer, offers_button, open_state
-from bot.app.records import AlertTarget, Incident, MessageRef, Note
+from bot.app.records import AlertTarget, Incident, MessageRef, Note, NoteKind
 from bot.app.state import IncidentState, can_move
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import WorkloadRef
@@ -51,7 +51,7 @@ class Why:
         namespace, _, name = query.strip().rpartition("/")
         namespace = namespace or self.policy.default_namespace
         if not self._may_ask(namespace, channel, user):
-            self.chat.tell_user(channel, user, f"/vllm why for namespace {namespace} answers only in the channel "
+            self._tell(channel, user, f"/vllm why for namespace {namespace} answers only in the channel "
                                                "its incidents are posted to, or to its approvers. Nothing was posted.")
             return None
         try:
@@ -59,12 +59,12 @@ class Why:
             evidence = self.cluster.collect(namespace, pod)
         except PodNotFound as exc:
             close = f" Did you mean: {', '.join(exc.close_matches[:8])}?" if exc.close_matches else ""
-            self.chat.tell_user(channel, user, f"No pod, Deployment or StatefulSet named {namespace}/{name} "
+            self._tell(channel, user, f"No pod, Deployment or StatefulSet named {namespace}/{name} "
                                                f"in cluster {self.cluster.name}.{close}")
             return None
         except Exception as exc:  # a 403 names the missing permission: worth showing as is
             log.exception("/vllm why %s failed", query)
-            self.chat.tell_user(channel, user, f"Could not read {namespace}/{name} in cluster "
+            self._tell(channel, user, f"Could not read {namespace}/{name} in cluster "
                                                f"{self.cluster.name}: {exc}")
             return None
         workload = self.cluster.workload_for(evidence)
@@ -85,13 +85,15 @@ class Why:
                 log.warning("could not answer /vllm why in %s: %s", channel, exc)
             else:  # a copy of the message: refreshed with it, and its buttons act on the same proposal
                 copy = posted
-                answer = self.cas.mutate(key, lambda inc: inc.model_copy(
-                    update={"copies": with_copy(inc, copy)})) or existing
+                answer = self.cas.mutate(key, lambda inc: inc.with_copies(with_copy(inc, copy))) or existing
         else:
             answer = self._rediagnose(key, pod, diagnosis, evidence, workload, channel, user)
         if kept_note and answer is not None:
-            self._say(posted or _message_of(answer), kept_note)
+            self._say(posted or answer.message_ref(), kept_note)
         return answer
+
+    def _tell(self, channel: str, user: str, why: str) -> None:
+        self.chat.tell_user(channel, user, Note(kind=NoteKind.REFUSAL, message=why))
 
     def _may_ask(self, namespace: str, channel: str, user: str) -> bool:
         """VLLM_ONCALL_WHY_SCOPE=channel: only in the alert channel, or by an approver of `namespace`."""
@@ -106,12 +108,12 @@ class Why:
         workload's, not the incident object's (which the cluster's users can edit)."""
         if self.approvers.is_approver(user, workload.namespace, channel):
             return True
-        self.chat.tell_user(channel, user, f"Incident {incident.name} is {incident.state.value}; only an approver "
-                                           f"of namespace {workload.namespace} can re-diagnose it with /vllm why. "
-                                           "It is shown as it is.")
+        self._tell(channel, user, f"Incident {incident.name} is {incident.state.value}; only an approver of "
+                                  f"namespace {workload.namespace} can re-diagnose it with /vllm why. "
+                                  "It is shown as it is.")
         return False
 
-    def _kept_if_log_gone(self, evidence: Evidence, workload: WorkloadRef) -> tuple[Evidence, str | None]:
+    def _kept_if_log_gone(self, evidence: Evidence, workload: WorkloadRef) -> tuple[Evidence, Note | None]:
         """The evidence kept with the workload's latest incident when the previous log is gone
         (the container restarted since), with a line saying when it was collected."""
         if not evidence_cache.previous_log_gone(evidence):
@@ -121,17 +123,15 @@ class Why:
         if not kept:
             return evidence, None
         latest = max(kept, key=lambda e: e.collected_at)
-        now = self.clock()
-        note = (f"The previous container's log is gone (the container restarted since), so this diagnosis is "
-                f"from the evidence collected at {latest.collected_at:%Y-%m-%d %H:%M:%S} UTC "
-                f"({evidence_cache.age(latest, now)}), kept with the incident.")
+        note = Note(kind=NoteKind.EVIDENCE_KEPT, at=latest.collected_at,
+                    detail=evidence_cache.age(latest, self.clock()))
         return evidence_cache.restore(latest), note
 
-    def _say(self, where: MessageRef | None, text: str) -> None:
+    def _say(self, where: MessageRef | None, note: Note) -> None:
         if where is None:
             return
         try:
-            self.chat.reply(where, Note(text=text))
+            self.chat.reply(where, note)
         except ChatUnavailable as exc:
             log.warning("could not say where the evidence came from: %s", exc)
 
@@ -154,7 +154,7 @@ class Why:
                          proposal=proposal, diagnosis=diagnosis, approver=None, decided_at=None, last_seen=now,
                          pods=inc.pods + ([pod] if pod not in inc.pods else []),
                          copies=with_copy(inc, inc.message_ref()),  # the old message is re-rendered too
-                         slack_channel=channel, slack_ts=None,  # the new message becomes the incident's
+                         chat_channel=channel, message_id=None,  # the new message becomes the incident's
                          post_lease=new.lease, post_key=new.key, post_since=new.since)
 
         if self.cas.mutate(key, refresh) is None:
@@ -162,9 +162,3 @@ class Why:
         if offers_button(proposal):
             self.metrics.proposals.inc()
         return self.poster.ensure_posted(key, lease=new.lease)
-
-
-def _message_of(incident: Incident) -> MessageRef | None:
-    if incident.slack_channel and incident.slack_ts:
-        return MessageRef(channel=incident.slack_channel, ts=incident.slack_ts)
-    return None

@@ -22,8 +22,8 @@ from test_redaction_e2e import EXAMPLE_LOG, click, cluster_outputs, post
 from test_redaction_e2e import alert as alert_body
 from test_untrusted_text_e2e import serving_rollout
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,8 @@ from openai_standin import OpenAIStandIn, wait_until
 from slackapi.requests import button_value, click_body, command_body, signed_headers
 from test_redaction_e2e import EXAMPLE_LOG, alert, post
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 pytestmark = pytest.mark.integration
 
