@@ -49,14 +49,13 @@ def world(kube_api, slack, tmp_path, monkeypatch, caplog):
         container(command=SIDECAR, name="db-init")])
     kube_api.on_write = serving_rollout(vllm)
     use_kubeconfig(monkeypatch, kube_api.url, tmp_path)
-    monkeypatch.setenv("VLLM_ONCALL_LLM_BASE_URL", llm.url)
-    monkeypatch.setenv("VLLM_ONCALL_LLM_MODEL", "stand-in")
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "matrix", "SLACK_BOT_TOKEN": "xoxb-matrix", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": SIGNING, "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0APPROVER",
         "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall",
         "VLLM_ONCALL_CLUSTER_SOURCE": "kube", "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS": "20",
-        "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS": "2"})
+        "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS": "2",
+        "VLLM_ONCALL_LLM_BASE_URL": llm.url, "VLLM_ONCALL_LLM_MODEL": "stand-in"})
     server, _ = build_server(settings)
     server.start()
     yield {"kube": kube_api, "slack": slack, "bot": server, "llm": llm, "pod": pod["metadata"]["name"]}

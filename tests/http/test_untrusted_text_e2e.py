@@ -60,14 +60,13 @@ def serving_rollout(vllm: ScriptedVllm):
 def serve(kube_api, slack, tmp_path, monkeypatch, reply: str = FINE):
     llm = OpenAIStandIn(reply=reply)
     use_kubeconfig(monkeypatch, kube_api.url, tmp_path)
-    monkeypatch.setenv("VLLM_ONCALL_LLM_BASE_URL", llm.url)
-    monkeypatch.setenv("VLLM_ONCALL_LLM_MODEL", "stand-in")
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "untrusted", "SLACK_BOT_TOKEN": "xoxb-untrusted", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": SIGNING, "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": APPROVER,
         "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall",
         "VLLM_ONCALL_CLUSTER_SOURCE": "kube", "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS": "20",
-        "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS": "2"})
+        "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS": "2",
+        "VLLM_ONCALL_LLM_BASE_URL": llm.url, "VLLM_ONCALL_LLM_MODEL": "stand-in"})
     server, _ = build_server(settings)
     server.start()
     return server, llm
