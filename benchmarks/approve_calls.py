@@ -78,13 +78,19 @@ class StepClock:
         self.now += max(seconds, 0.001)
 
 
+# Cross-cutting helpers (bot/support/: the retry policy every API call runs through) are a
+# library to every layer, like tenacity itself: a call into them is not a pipeline crossing.
+CROSS_CUTTING = frozenset({"support"})
+
+
 def package_of(filename: str) -> str | None:
-    """"app" for .../bot/app/rollout.py; None outside bot/ (and for bot/__init__.py)."""
+    """"app" for .../bot/app/rollout.py; None outside bot/, for bot/__init__.py and for the
+    cross-cutting bot/support/."""
     try:
         parts = Path(filename).resolve().relative_to(BOT).parts
     except ValueError:
         return None
-    return parts[0] if len(parts) > 1 else None
+    return parts[0] if len(parts) > 1 and parts[0] not in CROSS_CUTTING else None
 
 
 def count_crossings(walk: Callable[[], Any]) -> tuple[Any, Counter[tuple[str, str]]]:

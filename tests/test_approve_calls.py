@@ -39,3 +39,7 @@ def test_a_crossing_is_a_call_between_two_bot_packages():
     _, crossings = approve_calls.count_crossings(
         lambda: redacted_diagnosis(DiagnosisResult(cause=None, title="t", explanation="e")))
     assert crossings[("app", "diagnosis")] >= 3  # title, explanation, ...: each a call into the redactor
+
+
+def test_the_cross_cutting_retry_policy_is_not_a_pipeline_package():
+    assert approve_calls.package_of(str(ROOT / "bot" / "support" / "retrying.py")) is None

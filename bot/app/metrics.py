@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from bot.app.retrying import RetryEvent
+from bot.support.retrying import RetryEvent
 
 
 class Metrics:
@@ -34,7 +34,7 @@ class Metrics:
                                       registry=r)
         self.rollbacks = Counter("vllm_oncall_rollbacks", "Rollbacks applied", registry=r)
         self.expired = Counter("vllm_oncall_proposals_expired", "Proposals that expired unused", registry=r)
-        # Every retry of a call to a remote API, whichever adapter made it (bot.app.retrying).
+        # Every retry of a call to a remote API, whichever adapter made it (bot.support.retrying).
         self.retries = Counter("vllm_oncall_retries", "Calls to a remote API retried", ["api", "call", "reason"],
                                registry=r)
         self.slack_failures = Counter("vllm_oncall_slack_failures", "Slack Web API calls that failed for good",

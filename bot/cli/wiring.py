@@ -35,7 +35,6 @@ from bot.app.commentary import Commentary
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy
 from bot.app.ports import ClusterPort, IncidentStore, PodNotFound
-from bot.app.retrying import RetryPolicy
 from bot.app.rollout import VerifySteps
 from bot.app.router import ClusterRouter
 from bot.app.service import OncallService
@@ -62,6 +61,7 @@ from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client, post_budget
 from bot.slack.ids import parse_scopes
 from bot.slack.terminal import TerminalChat
+from bot.support.retrying import RetryPolicy
 
 log = logging.getLogger("bot.cli.serve")
 Diagnose = Callable[[Evidence], DiagnosisResult]

@@ -9,7 +9,7 @@ Entry points for callers (the command line wires them):
   It does the I/O only: what to patch, whether it may, and what a rollout's pods mean are decided
   in bot.app.workload_ops and bot.app.verdict (tests/test_arch_core_decisions.py holds it so).
 - `KubeIncidentStore`: IncidentStore as VLLMIncident custom resources (bot.kube.incidents).
-- `RetryPolicy` (the one shared policy, bot.app.retrying): pass `count=metrics.count_retry` to count retries.
+- `RetryPolicy` (the one shared policy, bot.support.retrying): pass `count=metrics.count_retry` to count retries.
 - errors (bot.kube.errors): every failed call is one KubeError subclass (NotFound, Conflict,
   Invalid, Forbidden, Unavailable), the last two also bot.app.errors ClusterForbidden /
   ClusterUnavailable so the application can handle them without importing bot.kube.

@@ -105,7 +105,7 @@ def typed_error(exc: BaseException, verb: str, resource: str, namespace: str | N
 def patch_bounds(within_seconds: float, request_timeout: float = 30.0) -> tuple[float, float]:
     """(per-attempt timeout, retry budget) for a patch that must end within `within_seconds`:
     half each, the timeout at most `request_timeout`. The last retry starts before the budget
-    runs out (bot.app.retrying) and ends within its timeout, so the patch ends in time."""
+    runs out (bot.support.retrying) and ends within its timeout, so the patch ends in time."""
     half = within_seconds / 2
     return min(request_timeout, half), half
 

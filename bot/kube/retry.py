@@ -1,13 +1,13 @@
 """What the Kubernetes API may retry: 429 (honouring Retry-After, capped by the policy), 5xx,
 timeouts and dropped connections. The policy, its log line and its counter are the one shared
-policy's (bot.app.retrying); this module only tells a transient Kubernetes error from the rest."""
+policy's (bot.support.retrying); this module only tells a transient Kubernetes error from the rest."""
 
 from __future__ import annotations
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from bot.app.retrying import RetryPolicy
+from bot.support.retrying import RetryPolicy
 
 __all__ = ["RETRIED_STATUS", "RetryPolicy", "is_transient", "retry_after_seconds", "transient_reason"]
 

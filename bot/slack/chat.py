@@ -29,11 +29,11 @@ from bot.app.metrics import Metrics
 from bot.app.policy import DEFAULT_POST_LEASE
 from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
-from bot.app.retrying import RetryPolicy
 from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
 from bot.diagnosis.redact import Redactor
 from bot.slack.blocks import incident_message, note_message
 from bot.slack.notes import note_text
+from bot.support.retrying import RetryPolicy
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.app.retrying import RetryEvent, RetryPolicy
+from bot.support.retrying import RetryEvent, RetryPolicy
 
 
 class Busy(Exception):
