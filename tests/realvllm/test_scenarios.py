@@ -18,8 +18,7 @@ import time
 
 import pytest
 from realvllm_fixtures import keep_bundle
-
-from realvllm_world import NS, run_log, vllm_container
+from realvllm_world import run_log, vllm_container
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.integration]
 
