@@ -6,10 +6,10 @@ Deterministic (seeded weights, a fixed training text), so a cached directory is 
 its recipe is unchanged (`recipe.json` holds it).
 
 Variants:
-- "serving": 4 layers, hidden 256, 4 heads of 64 dimensions, float32, 131072 positions. Its KV
-  cache needs 4 layers x 2 (K, V) x 256 x 4 bytes = 8 KiB per token, so 131072 tokens need 1 GiB
-  plus vLLM's block overhead: more than VLLM_CPU_KVCACHE_SPACE=1 holds (scenario 1), while a few
-  thousand tokens fit easily (the healthy starts).
+- "serving": 16 layers, hidden 256, 4 heads of 64 dimensions, 131072 positions. vLLM's CPU KV cache
+  is bfloat16: 16 layers x 2 (K, V) x 256 x 2 bytes = 16 KiB per token, so 131072 tokens need
+  2 GiB, more than VLLM_CPU_KVCACHE_SPACE=1 holds (scenario 1), while a few thousand tokens fit
+  easily (the healthy starts). (4 layers, 4 KiB per token, would fit 131072 tokens in 1 GiB.)
 - "short": the same shape with 2048 positions: a --max-model-len above it is vLLM's own refusal
   (scenario 3).
 - "head16": hidden 64, 4 heads of 16 dimensions: vLLM 0.32's CPU attention has no kernel for
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 VARIANTS = {
-    "serving": {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 4,
+    "serving": {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 16,
                 "intermediate_size": 512, "max_position_embeddings": 131072},
     "short": {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 4,
               "intermediate_size": 512, "max_position_embeddings": 2048},
