@@ -497,8 +497,10 @@ FORMATS: tuple[LogFormat, ...] = (
         literals=("User-specified max_model_len",),
         puts=(number(0, "len_above_model", int), number(2, "model_context_len", int, keep="min")),
         marks="startup",
-        versions="0.32.0 (real log, tests/fixtures/realvllm/max-model-len-above-model); other releases unknown",
-        source="vllm/config/model.py _get_and_verify_max_len (0.32.0 wheel read)"),
+        versions="0.6.6 (vllm-facts.md, vllm/config.py) and 0.32.0 (a real log: tests/fixtures/realvllm/"
+                 "max-model-len-above-model, pydantic's 'Value error, ' before it); 0.33 rewords the tail, not this "
+                 "head; exact range unknown",
+        source="vllm/config.py _get_and_verify_max_len (0.6.6), vllm/config/model.py (0.32.0 wheel read)"),
     LogFormat(
         "no_kv_memory", r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory",
         literals=("No available memory for the cache", "Cannot auto-fit"),

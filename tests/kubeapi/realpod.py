@@ -136,6 +136,9 @@ class RealContainer:
     runs: list[list[str]] = field(default_factory=list)  # every argv it was started with
 
 
+_MISSING = object()
+
+
 class LiveLogs(dict):
     """FakeKube.logs, where a running real container's current log is read from its file at the
     moment pods/log is asked (no copy that lags behind what the process printed)."""
@@ -149,6 +152,12 @@ class LiveLogs(dict):
         if path is not None and path.exists():
             return path.read_bytes().decode("utf-8", errors="replace")
         return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        found = self.get(key, _MISSING)
+        if found is _MISSING:
+            raise KeyError(key)
+        return found
 
 
 class RealKubelet:

@@ -1,7 +1,7 @@
 """Keep the logs a real vLLM printed in the scenarios as fixture bundles (tests/fixtures/realvllm/),
 when VLLM_ONCALL_WRITE_FIXTURES=1 (`make vllm-fixtures`). Machine paths are scrubbed: the model
 directories become the pod's /models/... paths, the venv /opt/vllm, temporary folders /tmp/x.
-tests/realvllm/test_fixture_bundles.py diagnoses them in every run (no real vLLM needed)."""
+tests/realvllm/test_realvllm_bundles.py diagnoses them in every run (no real vLLM needed)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ def scrub(text: str, models: dict[str, str], venv: str) -> str:
     text = re.sub(r"/tmp/[\w./-]*?pytest-\d+/[\w-]+/", "/tmp/x/", text)
     text = re.sub(r"/home/[\w.-]+|/root(?=/)", "/home/user", text)
     text = re.sub(r"/work/[\w./+-]*?(?=/(?:\.vllm-venv|\.cache|tests)/)", "/src", text)
-    text = re.sub(r"127\.0\.0\.1:\d{4,5}", "127.0.0.1:8000", text)
+    text = re.sub(r"127\.0\.0\.1:\d{4,5}", "127.0.0.1:8000", text)  # the kubelet's port per pod -> the container's
+    text = re.sub(r"'port': \d{4,5}", "'port': 8000", text)
+    text = re.sub(r"--port \d{4,5}", "--port 8000", text)
     return text
 
 
