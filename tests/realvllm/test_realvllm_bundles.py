@@ -14,17 +14,9 @@ from bot.diagnosis.evidence import load_bundle
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "realvllm"
 CASES = sorted(p for p in FIXTURES.glob("*") if (p / "expected.json").is_file())
-XFAIL_UNTIL_VLLM_VERSIONS = {"unrecognized-flag"}  # its playbook comes with branch vllm-versions
 
 
-def _case(path: Path):
-    if path.name in XFAIL_UNTIL_VLLM_VERSIONS:
-        return pytest.param(path, id=path.name, marks=pytest.mark.xfail(
-            strict=False, reason="the unrecognised-flag playbook lands with branch vllm-versions"))
-    return pytest.param(path, id=path.name)
-
-
-@pytest.mark.parametrize("case", [_case(p) for p in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[p.name for p in CASES])
 def test_real_vllm_log_is_diagnosed(case):
     expected = json.loads((case / "expected.json").read_text())
     result = diagnose(load_bundle(case))

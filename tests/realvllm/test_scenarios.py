@@ -78,8 +78,6 @@ def test_kv_cache_too_small_for_max_model_len_is_fixed_and_verified_by_the_real_
     _verified_by_the_real_process(world, started)
 
 
-@pytest.mark.xfail(strict=False, reason="the unrecognised-flag playbook lands with branch vllm-versions; "
-                   "until then the bot answers 'no known cause' to vLLM's 'unrecognized arguments'")
 def test_a_flag_this_vllm_no_longer_has_is_removed_and_verified(world_factory):
     """Scenario 2: --disable-log-requests (gone since 0.17) makes vLLM 0.32 exit at once."""
     started = time.monotonic()
