@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -222,8 +223,12 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class FakeKube(Streams):
     """The API's state plus the HTTP server that serves it. Start with `start()`."""
 
-    def __init__(self, user: str = "system:serviceaccount:vllm-oncall:vllm-oncall"):
+    def __init__(self, user: str = "system:serviceaccount:vllm-oncall:vllm-oncall",
+                 sleep: Callable[[float], None] = time.sleep):
         self.user = user
+        # How a "slow" commit fault waits before answering: real time by default (a client's socket
+        # timeout is real); a test of the bot's own clock sets it to advance that clock instead.
+        self.sleep = sleep
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}  # (group, resource, ns, name)
         self.logs: dict[tuple[str, str, str, bool], str] = {}  # (ns, pod, container, previous)
@@ -343,9 +348,7 @@ class FakeKube(Streams):
 
     def _commit_failure(self, fault: CommitFault) -> Exception:
         if fault.kind == "slow":
-            import time
-
-            time.sleep(fault.seconds)
+            self.sleep(fault.seconds)
             return _NoFault()
         if fault.kind == "drop":
             return DropConnection()
