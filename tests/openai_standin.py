@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from standin_http import QuietHandler, StandInServer
+from standin_http import QuietHandler, StandInServer, bound
 
 
 class OpenAIStandIn:
@@ -46,7 +46,7 @@ class OpenAIStandIn:
         self.url = f"{self.server.url}/v1"
 
     def wait_for_requests(self, count: int, timeout: float = 60) -> bool:
-        """Wait until `count` requests have come; `timeout` only bounds a failure."""
+        """Whether `count` requests have come within `timeout` (as written: also a short look for one too many)."""
         with self._changed:
             return self._changed.wait_for(lambda: len(self.requests) >= count, timeout)
 
@@ -56,8 +56,8 @@ class OpenAIStandIn:
 
 
 def wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
-    """Poll until `predicate()` holds; `timeout` only bounds a failure."""
-    deadline = time.monotonic() + timeout
+    """Poll until `predicate()` holds; `timeout` only bounds a failure (standin_http.bound)."""
+    deadline = time.monotonic() + bound(timeout)
     while time.monotonic() < deadline:
         if predicate():
             return

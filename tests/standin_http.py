@@ -87,3 +87,13 @@ class StandInServer:
     def url(self) -> str:
         """http://host:port, without a trailing slash."""
         return f"http://{self.address}"
+
+
+# A wait in a test only bounds a failure: how long a condition the test waits for may take on a
+# loaded machine (a CPU burner beside the suite, other suites). Every wait helper stretches the
+# timeout its caller wrote to at least this; none is used to show that something did NOT happen.
+FAILURE_BOUND = 60.0
+
+
+def bound(timeout: float) -> float:
+    return max(timeout, FAILURE_BOUND)

@@ -89,6 +89,7 @@ def world(kube_api, slack, tmp_path, monkeypatch):
     use_kubeconfig(monkeypatch, kube_api.url, tmp_path)
     monkeypatch.setenv("VLLM_ONCALL_LLM_BASE_URL", llm.url)
     monkeypatch.setenv("VLLM_ONCALL_LLM_MODEL", "stand-in")
+    monkeypatch.setenv("VLLM_ONCALL_LLM_TIMEOUT_SECONDS", "60")  # the stand-in answers at once; a loaded machine is slow
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "redaction-test", "SLACK_BOT_TOKEN": "xoxb-redaction", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": SIGNING, "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0APPROVER",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -224,11 +223,13 @@ class FakeKube(Streams):
     """The API's state plus the HTTP server that serves it. Start with `start()`."""
 
     def __init__(self, user: str = "system:serviceaccount:vllm-oncall:vllm-oncall",
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], object] | None = None):
         self.user = user
+        self._stopped = threading.Event()
         # How a "slow" commit fault waits before answering: real time by default (a client's socket
-        # timeout is real); a test of the bot's own clock sets it to advance that clock instead.
-        self.sleep = sleep
+        # timeout is real), cut short by stop(); a test of the bot's own clock passes one that
+        # advances that clock instead.
+        self.sleep: Callable[[float], object] = sleep or self._stopped.wait
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}  # (group, resource, ns, name)
         self.logs: dict[tuple[str, str, str, bool], str] = {}  # (ns, pod, container, previous)
@@ -253,6 +254,7 @@ class FakeKube(Streams):
         return self
 
     def stop(self) -> None:
+        self._stopped.set()  # held answers are given now
         if self.http is not None:
             self.http.stop()
 
@@ -699,12 +701,7 @@ class _Handler(QuietHandler):
             headers = {"Content-Type": "text/plain; charset=utf-8", **headers}
         else:
             data = json.dumps(payload).encode("utf-8")
-        self.send_response(code)
-        self.send_header("Content-Type", headers.pop("Content-Type", "application/json"))
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        content_type = headers.pop("Content-Type", "application/json")
+        self.reply(code, data, content_type, headers)  # a client killed meanwhile (kill -9 tests) is no error here
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
-from standin_http import QuietHandler, StandInServer
+from standin_http import QuietHandler, StandInServer, bound
 
 
 @dataclass
@@ -106,6 +106,7 @@ class SlackStandIn:
         self._last_ts = 0.0
         self._lock = threading.Lock()
         self._changed = threading.Condition()  # notified on every call received
+        self._stopped = threading.Event()
         self._server: StandInServer | None = None
 
     # ---- control ------------------------------------------------------------------------
@@ -123,6 +124,7 @@ class SlackStandIn:
         return self
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._server:
             self._server.stop()
 
@@ -164,8 +166,9 @@ class SlackStandIn:
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 60) -> bool:
         """Wait until `predicate()` holds (the bot works in background threads): looked at again on
-        every call Slack receives, and every 50 ms for state elsewhere. `timeout` only bounds a failure."""
-        deadline = time.monotonic() + timeout
+        every call Slack receives, and every 50 ms for state elsewhere. `timeout` only bounds a failure
+        (stretched to standin_http.FAILURE_BOUND)."""
+        deadline = time.monotonic() + bound(timeout)
         while not predicate():  # outside the lock: a predicate may itself call this stand-in
             left = deadline - time.monotonic()
             if left <= 0:
@@ -207,7 +210,7 @@ class SlackStandIn:
             req.close_connection = True  # the client sees the connection closed without an answer
             return
         if answer.delay:
-            time.sleep(answer.delay)
+            self._stopped.wait(answer.delay)  # a slow answer; given at once when the stand-in stops
         # a client that gave up waiting (a slow answer) is not an error: as with Slack, the call stands
         req.reply(answer.status, json.dumps(answer.body).encode(), "application/json; charset=utf-8", answer.headers)
 
