@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -297,7 +298,11 @@ def test_a_replica_already_running_leaves_a_live_verification_alone_and_resumes_
     world.click(first, value, ts)
     assert wait_for(lambda: world.record().get("verify_lease") and world.replies("Applied by"), STEP), world.logs()
     leased = world.record()["verify_lease"]  # its verification is under way, waiting for Ready
-    time.sleep(GRACE + 2)  # longer than the grace: the first replica's sweeps keep renewing its verify lease
+    # Until the first replica renewed its lease after the original one ran out: longer than the
+    # grace, its sweeps kept renewing it (each renewal runs GRACE from its own moment).
+    until = datetime.fromisoformat(leased["until"])
+    assert wait_for(lambda: datetime.fromisoformat(world.record()["verify_lease"]["until"]) > until + timedelta(
+        seconds=GRACE), GRACE + STEP, 0.1), world.logs()
     assert world.replies("resuming it") == [], "a live replica's verification was taken over"
     renewed = world.record()["verify_lease"]
     assert renewed["holder"] == leased["holder"] and renewed["until"] > leased["until"]
