@@ -24,8 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NON_ROOT = 10001  # the Dockerfile's USER
-# One worker builds the image once (the module-scoped fixture) and runs every test of it (pytest-xdist).
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("image")]
+pytestmark = pytest.mark.integration
 
 
 # ---- reading the Dockerfile ----------------------------------------------------------------

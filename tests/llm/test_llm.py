@@ -89,7 +89,7 @@ def commentator(stand_in, **kw):
     from bot.llm.wording import Commentator
 
     outcomes: list[str] = []
-    kw.setdefault("timeout_seconds", 2)
+    kw.setdefault("timeout_seconds", 60)  # the stand-in answers at once: only a test of the timeout sets a short one
     c = Commentator(LLMSettings(base_url=stand_in.url, model="m", api_key="llm-key"), on_outcome=outcomes.append, **kw)
     return c, outcomes
 
