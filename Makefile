@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint eval bench tools alertmanager promtool wheel clean
+.PHONY: demo test lint eval bench tools alertmanager promtool wheel clean lock
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ lint: $(BIN)/.installed
 # The wheel (with the playbooks and the demo incident inside) in dist/.
 wheel: $(BIN)/.installed
 	$(BIN)/pip wheel --quiet --no-deps --wheel-dir dist .
+
+# deploy/requirements.lock: the image's runtime dependencies (with the llm extra) and the wheel's build
+# dependencies, pinned with hashes (the Dockerfile installs it with --require-hashes). Resolved on the
+# package index alone: no machine-local pip configuration or wheel folder.
+lock: $(BIN)/.installed
+	env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $(BIN)/pip-compile --quiet --generate-hashes \
+	  --allow-unsafe --strip-extras --no-emit-index-url --extra llm --build-deps-for wheel \
+	  --output-file deploy/requirements.lock pyproject.toml
 
 eval: $(BIN)/.installed
 	$(BIN)/vllm-oncall eval ../shared/corpus

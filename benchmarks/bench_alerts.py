@@ -39,6 +39,7 @@ from kubeapi.server import FakeKube  # noqa: E402
 from slackapi import SlackStandIn  # noqa: E402
 
 from bot.app.service import OncallService, Policy  # noqa: E402
+from bot.app.work import WorkQueue  # noqa: E402
 from bot.http.server import BotServer  # noqa: E402
 from bot.kube.api import KubeApi  # noqa: E402
 from bot.kube.incidents import KubeIncidentStore  # noqa: E402
@@ -77,7 +78,7 @@ class World:
         chat = SlackChat(make_client("xoxb-bench", self.slack.url), "C0BENCH")
         self.service = OncallService(cluster, store, chat, Policy(approver_users=frozenset({"U0A"})),
                                      metrics=chat.metrics)
-        self.bot = BotServer(self.service, workers=workers, queue_size=10_000).start()
+        self.bot = BotServer(self.service, work=WorkQueue(workers=workers, queue_size=10_000)).start()
 
     def stop(self) -> None:
         self.bot.stop()

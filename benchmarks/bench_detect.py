@@ -35,12 +35,13 @@ from kubeapi.server import FakeKube  # noqa: E402
 from slackapi import SlackStandIn  # noqa: E402
 
 from bot.app.service import OncallService, Policy  # noqa: E402
+from bot.app.work import WorkQueue  # noqa: E402
 from bot.http.server import BotServer  # noqa: E402
 from bot.kube.api import KubeApi  # noqa: E402
 from bot.kube.incidents import KubeIncidentStore  # noqa: E402
 from bot.kube.live import LiveCluster  # noqa: E402
 from bot.kube.retry import RetryPolicy  # noqa: E402
-from bot.kube.watch import PodWatch, WatchSettings, as_alert  # noqa: E402
+from bot.kube.watch import PodWatch, WatchSettings  # noqa: E402
 from bot.slack.chat import SlackChat, make_client  # noqa: E402
 
 LOG = (ROOT / "examples" / "incident" / "bundle" / "previous.log").read_text()
@@ -86,8 +87,9 @@ def run(crashes: int) -> list[float]:
     chat = SlackChat(make_client("xoxb-bench", slack.url), "C0BENCH")
     service = OncallService(LiveCluster(api, name="bench"), KubeIncidentStore(api, "vllm-oncall"), chat,
                             Policy(approver_users=frozenset({"U0A"})), metrics=chat.metrics)
-    bot = BotServer(service, workers=4).start()
-    watch = PodWatch(api, lambda c: service.handle_alert(as_alert(c)), WatchSettings(namespaces=(NS,))).start()
+    bot = BotServer(service, work=WorkQueue(workers=4, queue_size=100)).start()
+    # the watch's crashes go into the server's work queue, as in `serve`
+    watch = PodWatch(api, bot.executor, bot.router.handle_alert, WatchSettings(namespaces=(NS,))).start()
     took = []
     try:
         if not kube.wait_for_watchers(1, timeout=30):

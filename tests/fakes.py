@@ -18,6 +18,7 @@ from bot.app.records import ApplyResult, MessageRef, Note, Verification
 from bot.diagnosis.evidence import load_bundle
 from bot.diagnosis.models import Change, DiagnosisResult, Evidence
 from bot.remedy.models import Proposal, WorkloadRef
+from bot.slack.notes import note_text
 
 BUNDLE = Path(__file__).resolve().parents[1] / "examples" / "incident" / "bundle"
 
@@ -94,13 +95,14 @@ class FakeCluster:
             done = proposal.id in self.landed
         return ApplyResult(ok=True, message="already applied", workload=proposal.workload) if done else None
 
-    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
+    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str,
+                 change: object = None) -> ApplyResult:
         with self._lock:
             self.rolled_back.append((workload_name, actor))
             self.landed.clear()  # the audit record of the change is marked rolled back
         return ApplyResult(ok=True, message="previous command line restored")
 
-    def verify(self, workload: WorkloadRef, timeout_seconds: float) -> Verification:
+    def verify(self, workload: WorkloadRef, timeout_seconds: float, diagnose: object = None) -> Verification:
         return self.verification
 
 
@@ -132,7 +134,7 @@ class RecordingChat:
             raise ChatUnavailable("chat.postMessage: service_unavailable")
         with self._lock:
             self.posts.append((incident.name, channel or "C0ALERTS"))
-            ref = MessageRef(channel=channel or "C0ALERTS", ts=f"{len(self.posts)}.0001")
+            ref = MessageRef(channel=channel or "C0ALERTS", message_id=f"{len(self.posts)}.0001")
             if incident.post_key:
                 self.keys[(ref.channel, incident.post_key)] = ref
             return ref
@@ -156,11 +158,11 @@ class RecordingChat:
             raise ChatUnavailable("conversations.replies: service_unavailable")
         return any(t == thread and n.key == key for t, n in self.replies)
 
-    def tell_user(self, channel, user, text):
-        self.told.append((user, text))
+    def tell_user(self, channel, user, note):
+        self.told.append((user, note_text(note)))  # as Slack would show it
 
     def group_members(self, group_id):
         return self.groups.get(group_id, set())
 
-    def user_name(self, user_id):
-        return None
+    def actor(self, user_id):
+        return f"slack:{user_id}"  # as Slack's side says it without a user name

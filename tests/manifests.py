@@ -11,12 +11,13 @@ import yaml
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
-def built_objects() -> list[dict]:
-    """`kubectl kustomize deploy/` when kubectl is there; else the kustomization's resources as files."""
+def built_objects(folder: Path = DEPLOY) -> list[dict]:
+    """`kubectl kustomize FOLDER` (default deploy/) when kubectl is there; else the kustomization's
+    resources as files."""
     if shutil.which("kubectl"):
-        out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, check=True)
+        out = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, check=True)
         return [d for d in yaml.safe_load_all(out.stdout) if d]
-    return _resources(DEPLOY)
+    return _resources(folder)
 
 
 def _resources(folder: Path) -> list[dict]:

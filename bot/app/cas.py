@@ -34,7 +34,7 @@ def moved(incident: Incident, to: IncidentState, now: datetime, note: str, **fie
     """The incident in state `to` with `note` in its history and `fields` set. Raises
     IllegalTransition if the table does not allow the move."""
     state = check_move(incident.name, incident.state, to)
-    return incident.model_copy(update={**fields, "state": state, "history": noted(incident, now, note)})
+    return incident.revised(**fields, state=state, history=noted(incident, now, note))
 
 
 class IncidentCas:

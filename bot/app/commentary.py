@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from bot.app.messages import Messages
-from bot.app.records import Incident, Note
+from bot.app.records import Incident, Note, NoteKind
 from bot.diagnosis.models import DiagnosisResult, Evidence
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class Commentary:
     def __call__(self, incident: Incident | None, evidence: Evidence | None) -> Future[None] | None:
         """Schedule the commentary on a just-posted incident; returns at once."""
         if incident is None or incident.diagnosis is None or incident.diagnosis.cause is None \
-                or not incident.slack_ts:
+                or not incident.message_id:
             return None
         return self._pool.submit(self._run, incident, evidence)
 
@@ -44,7 +44,7 @@ class Commentary:
             log.exception("commentary on %s failed", incident.name)
             return
         if text:
-            self.messages.reply(incident, None, Note(text=text))
+            self.messages.reply(incident, None, Note(kind=NoteKind.COMMENTARY, message=text))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -15,22 +15,19 @@ from bot.app.cas import IncidentCas, moved
 from bot.app.errors import ClusterUnavailable
 from bot.app.incidents import incident_name
 from bot.app.intake import Intake
-from bot.app.messages import REPORT, Messages, applied_note, reported
+from bot.app.messages import Messages, applied_note, reported
 from bot.app.metrics import Metrics
-from bot.app.policy import DEFAULT_APPLY_GRACE, PROPOSALS_ONLY
+from bot.app.policy import PROPOSALS_ONLY
 from bot.app.ports import ClusterPort, IncidentStore
 from bot.app.proposals import Proposer, offers_button, open_state
-from bot.app.records import AlertTarget, AppliedChange, ApplyResult, Incident, MessageRef, Note
-from bot.app.state import IncidentState
+from bot.app.records import AlertTarget, AppliedChange, ApplyResult, Incident, MessageRef, Note, NoteKind
+from bot.app.state import IncidentState, Outcome, VerificationStep
+from bot.diagnosis.models import revised
 from bot.diagnosis.redact import redact
 from bot.remedy import changes as ch
 
 log = logging.getLogger(__name__)
 S = IncidentState
-# The default Policy.apply_grace: how long an incident may sit in `applying` before the sweep
-# assumes its applier died or lost the answer, and resumes it. An applier starts its patch only
-# while the patch (Policy.patch_seconds, with its retries) can end inside the grace.
-APPLY_GRACE = DEFAULT_APPLY_GRACE
 
 
 class Decisions:
@@ -42,14 +39,15 @@ class Decisions:
         self.follow_rollout = follow_rollout  # after a successful apply: verify, maybe later
         self.clock = clock
 
-    def approve(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+    def approve(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None
+                ) -> Outcome:
         """Returns what happened: applied | failed | conflict | refused | replaced | not_allowed | ...
 
         `digest`: the digest of the proposal the approver saw (the button carries it); None only
         for callers that show no message (the terminal, the demo): then the current proposal."""
         incident, refusal = self._decidable(name, user, clicked, "approve", digest)
         if incident is None or incident.proposal is None:
-            return refusal or "refused"
+            return refusal or Outcome.REFUSED
         # The one step that makes approval single-use: proposed -> applying, by CAS, and only
         # while the proposal is still the one decided on.
         seen = incident.proposal.digest
@@ -61,7 +59,7 @@ class Decisions:
         self.messages.refresh(claimed, clicked)
         return self.apply_claimed(claimed, user, clicked)
 
-    def apply_claimed(self, claimed: Incident, user: str, clicked: MessageRef | None) -> str:
+    def apply_claimed(self, claimed: Incident, user: str, clicked: MessageRef | None) -> Outcome:
         """Apply the proposal of an incident this call holds in `applying`, after re-deriving it."""
         name, stored = claimed.name, claimed.proposal
         assert stored is not None
@@ -81,10 +79,8 @@ class Decisions:
         if not check.ok:
             return self._refused_to_apply(claimed, check.refused or "re-derivation failed", clicked)
         if self._too_late_to_patch(claimed):
-            self.messages.reply(claimed, clicked, Note(text=":hourglass: The cluster answered too slowly to patch "
-                                                            "safely now; nothing was changed yet. The bot will try "
-                                                            "again shortly and report."))
-            return "late"
+            self.messages.reply(claimed, clicked, Note(kind=NoteKind.TOO_LATE))
+            return Outcome.LATE
         result = self._apply(claimed, user)
         if result.ok:
             return self._applied(name, user, result, clicked)
@@ -93,14 +89,13 @@ class Decisions:
         if result.conflict:
             return self._conflicted(name, result, clicked)
         return self._report_failure(name, clicked, "error", f"patch failed: {result.message}",
-                                    f":x: The patch failed, nothing was changed: {result.message}", "failed")
+                                    Note(kind=NoteKind.PATCH_FAILED, message=result.message), Outcome.FAILED)
 
-    def _unknown(self, incident: Incident, clicked: MessageRef | None, why: str) -> str:
+    def _unknown(self, incident: Incident, clicked: MessageRef | None, why: str) -> Outcome:
         """Whether the patch landed is unknown: the incident stays `applying`; resume_applying
         (the sweep) reads the workload again and finishes or reports it."""
-        self.messages.reply(incident, clicked, Note(text=f":hourglass: The cluster's answer was lost ({why}). "
-                                                         "The bot will check whether the change landed and report."))
-        return "unknown"
+        self.messages.reply(incident, clicked, Note(kind=NoteKind.ANSWER_LOST, message=why))
+        return Outcome.UNKNOWN
 
     def _too_late_to_patch(self, claimed: Incident) -> bool:
         """Whether a patch started now might still be in flight when the apply grace (from this
@@ -115,7 +110,7 @@ class Decisions:
                         claimed.name, policy.apply_grace.total_seconds())
         return late
 
-    def resume_applying(self, cluster_name: str, grace: timedelta | None = None) -> list[str]:
+    def resume_applying(self, cluster_name: str, grace: timedelta | None = None) -> list[Outcome]:
         """Sweep step: finish or report incidents left in `applying` (a restart, a lost answer,
         a killed replica) for longer than `grace` (default: Policy.apply_grace). Each is taken over
         by a CAS first, so one replica resumes it; the apply is idempotent (the audit record says
@@ -136,32 +131,31 @@ class Decisions:
                 log.exception("resuming the apply of %s failed", incident.name)
         return outcomes
 
-    def _conflicted(self, name: str, result: ApplyResult, clicked: MessageRef | None) -> str:
-        self.metrics.patches_failed.labels("conflict").inc()
+    def _conflicted(self, name: str, result: ApplyResult, clicked: MessageRef | None) -> Outcome:
+        self.metrics.patches_failed.labels(Outcome.CONFLICT).inc()
         self._after_conflict(name, result, clicked)
-        return "conflict"
+        return Outcome.CONFLICT
 
-    def _refused_to_apply(self, claimed: Incident, why: str, clicked: MessageRef | None) -> str:
+    def _refused_to_apply(self, claimed: Incident, why: str, clicked: MessageRef | None) -> Outcome:
         """The stored proposal is not what re-deriving it gives now: nothing is applied."""
         log.warning("incident %s: apply refused: %s", claimed.name, why)
         where = f"{claimed.namespace}/{claimed.workload}"
-        return self._report_failure(claimed.name, clicked, "refused", f"apply refused: {why}",
-                                    f":no_entry: Not applied, nothing was changed: {why}. "
-                                    f"Run `/vllm why {where}` for a fresh proposal.", "refused")
+        return self._report_failure(claimed.name, clicked, Outcome.REFUSED, f"apply refused: {why}",
+                                    Note(kind=NoteKind.NOT_APPLIED, message=why, workload=where), Outcome.REFUSED)
 
-    def _report_failure(self, name: str, clicked: MessageRef | None, reason: str, note: str, reply: str,
-                        outcome: str) -> str:
+    def _report_failure(self, name: str, clicked: MessageRef | None, reason: str, note: str, reply: Note,
+                        outcome: Outcome) -> Outcome:
         """Move an incident this call holds out of `applying` to failed, count it under `reason`,
         re-render its message and say why in the thread; "already_decided" if a replica did first."""
         incident = self._finish(name, S.FAILED, note)
         if incident is None:
-            return "already_decided"
+            return Outcome.ALREADY_DECIDED
         self.metrics.patches_failed.labels(reason).inc()
         self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, Note(text=reply))
+        self.messages.reply(incident, clicked, reply)
         return outcome
 
-    def _lost(self, name: str, clicked: MessageRef | None, user: str, seen: str) -> str:
+    def _lost(self, name: str, clicked: MessageRef | None, user: str, seen: str) -> Outcome:
         """The claim did not happen: another decision came first, or the proposal was replaced."""
         current = self.store.get(name)
         if current is not None and current.state == S.PROPOSED and current.proposal is not None \
@@ -169,8 +163,8 @@ class Decisions:
             return self._replaced(clicked, user)
         return self.messages.someone_else_first(current, clicked, user)
 
-    def _replaced(self, clicked: MessageRef | None, user: str) -> str:
-        return self.messages.refuse("replaced", clicked.channel if clicked else None, user,
+    def _replaced(self, clicked: MessageRef | None, user: str) -> Outcome:
+        return self.messages.refuse(Outcome.REPLACED, clicked.channel if clicked else None, user,
                                     "Nothing was changed: this proposal was replaced; see the newest message.")
 
     def _finish(self, name: str, to: IncidentState, note: str, **fields: object) -> Incident | None:
@@ -195,32 +189,33 @@ class Decisions:
             log.exception("apply of %s failed", incident.name)
             return ApplyResult(ok=False, message=f"{type(exc).__name__}: {exc}")
 
-    def _applied(self, name: str, user: str, result: ApplyResult, clicked: MessageRef | None) -> str:
+    def _applied(self, name: str, user: str, result: ApplyResult, clicked: MessageRef | None) -> Outcome:
         change = AppliedChange(by=user, at=self.clock(), message=result.message)
         # With the move, the mark "not reported yet": killed before the reply, a restart sends it.
         incident = self._finish(name, S.APPLIED, f"patch applied by {user}: {result.message}", applied=change,
-                                verification_step=REPORT)
+                                verification_step=VerificationStep.REPORT)
         if incident is None:
-            return "already_decided"  # another replica resumed and reported it
+            return Outcome.ALREADY_DECIDED  # another replica resumed and reported it
         self.metrics.patches_applied.inc()
         self.messages.refresh(incident, clicked)
         assert incident.proposal is not None
         self.messages.reply(incident, clicked, applied_note(user, result.message, incident.proposal.digest))
         self.cas.mutate(name, reported)
         self.follow_rollout(name, clicked)
-        return "applied"
+        return Outcome.APPLIED
 
-    def reject(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+    def reject(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None
+               ) -> Outcome:
         incident, refusal = self._decidable(name, user, clicked, "reject", digest)
         if incident is None or incident.proposal is None:
-            return refusal or "refused"
+            return refusal or Outcome.REFUSED
         seen = incident.proposal.digest
         claimed = self.cas.claim(name, {S.PROPOSED}, S.REJECTED, f"rejected by {user}", approver=user, digest=seen)
         if claimed is None:
             return self._lost(name, clicked, user, seen)
         self.metrics.rejections.inc()
         self.messages.refresh(claimed, clicked)
-        return "rejected"
+        return Outcome.REJECTED
 
     def expire(self, cluster_name: str) -> list[Incident]:
         """Mark proposals whose time-to-live ran out expired."""
@@ -246,38 +241,37 @@ class Decisions:
         return incident
 
     def _decidable(self, name: str, user: str, clicked: MessageRef | None, verb: str, digest: str | None
-                   ) -> tuple[Incident | None, str | None]:
+                   ) -> tuple[Incident | None, Outcome | None]:
         """The incident if `user` may decide on its proposal now; else (None, refusal reason)."""
         channel = clicked.channel if clicked else None
         refuse = self.messages.refuse
         if not self.approvers.is_approver(user):
-            return None, refuse("not_allowed", channel, user,
+            return None, refuse(Outcome.NOT_ALLOWED, channel, user,
                                 f"You are not allowed to {verb} changes in cluster {self.cluster.name}. "
                                 "Nothing was changed; ask one of the configured approvers.")
         incident = self.store.get(name)
         if incident is None or incident.proposal is None:
-            return None, refuse("unknown", channel, user, "This proposal no longer exists. Nothing was changed.")
+            return None, refuse(Outcome.NO_SUCH_PROPOSAL, channel, user, "This proposal no longer exists. Nothing was changed.")
         if clicked is not None and not incident.shown_on(clicked):
             # Another incident's button value on this message (a forged or replayed payload).
-            return None, refuse("wrong_message", channel, user,
+            return None, refuse(Outcome.WRONG_MESSAGE, channel, user,
                                 "Nothing was changed: this button does not belong to the message it was clicked on.")
-        channel = channel or incident.slack_channel
+        channel = channel or incident.chat_channel
         if not self.approvers.is_approver(user, incident.namespace, channel):
-            return None, refuse("not_allowed", channel, user,
+            return None, refuse(Outcome.NOT_ALLOWED, channel, user,
                                 f"You are not allowed to {verb} changes in namespace {incident.namespace} "
                                 f"from this channel. Nothing was changed; ask one of its approvers.")
         if digest is not None and digest != incident.proposal.digest:
             return None, self._replaced(clicked, user)
         if incident.proposal.approvals_off or self.proposer.policy.proposals_only:
-            return None, refuse("proposals_only", channel, user,
+            return None, refuse(Outcome.PROPOSALS_ONLY, channel, user,
                                 f"Nothing was changed: this bot runs in {PROPOSALS_ONLY}")
         if incident.state != S.PROPOSED:
-            by = f" by <@{incident.approver}>" if incident.approver else ""
-            return None, refuse("already_decided", channel, user,
-                                f"This proposal is already {incident.state}{by}. Nothing was changed.")
+            return None, refuse(Outcome.ALREADY_DECIDED, channel, user,
+                                Note(kind=NoteKind.ALREADY_DECIDED, state=incident.state, actor=incident.approver))
         if incident.proposal.expires_at <= self.clock():
             self.expire_one(name)
-            return None, refuse("expired", channel, user,
+            return None, refuse(Outcome.EXPIRED, channel, user,
                                 "This proposal has expired. Nothing was changed. Run "
                                 f"`/vllm why {incident.namespace}/{incident.workload}` for a fresh one.")
         return incident, None
@@ -287,12 +281,10 @@ class Decisions:
         incident = self.store.get(name)
         assert incident is not None and incident.proposal is not None
 
-        def quoted(text: object) -> str:  # cluster text in our reply: redacted, and inert in chat
-            return redact(str(text)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-        changed = ", ".join(quoted(f) for f in result.changed_fields) or "its spec"
-        refusal = (f":warning: Not applied: {quoted(incident.proposal.workload.kind)} {quoted(incident.namespace)}/"
-                   f"{quoted(incident.workload)} was edited since the proposal ({changed}). {quoted(result.message)}")
+        edited = Note(kind=NoteKind.EDITED_NOT_REDIAGNOSED, workload=f"{incident.proposal.workload.kind} "
+                      f"{incident.namespace}/{incident.workload}", changed=result.changed_fields,
+                      message=result.message)
+        changed = ", ".join(result.changed_fields) or "its spec"
         try:
             pod = self.cluster.resolve_pod(incident.namespace, incident.workload)
             evidence = self.cluster.collect(incident.namespace, pod, incident.proposal.workload.container)
@@ -300,12 +292,11 @@ class Decisions:
             workload = self.cluster.workload_for(evidence)
         except Exception as exc:
             self._refused(name, f"apply refused (conflict), re-diagnosis failed: {redact(str(exc))}", clicked,
-                          f"{refusal}\nCould not re-diagnose: {quoted(exc)}")
+                          revised(edited, detail=str(exc)))
             return
         if incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause) != name:
             self._refused(name, f"apply refused (conflict); cause is now {diagnosis.cause}", clicked,
-                          f"{refusal}\nRe-diagnosed: the cause is now {quoted(diagnosis.title)}; posted as a new "
-                          "incident.")
+                          revised(edited, kind=NoteKind.EDITED_NEW_CAUSE, detail=diagnosis.title))
             self.intake.open_or_update(AlertTarget(namespace=incident.namespace, pod=pod), evidence, None,
                                        diagnosis, workload)
             return
@@ -316,12 +307,11 @@ class Decisions:
         if offers_button(proposal):
             self.metrics.proposals.inc()
         self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, Note(text=f"{refusal}\nRe-diagnosed against the current spec: the "
-                                                         "message above now shows the new proposal.",
-                                                    diagnosis=diagnosis))
+        self.messages.reply(incident, clicked, revised(edited, kind=NoteKind.EDITED_REPROPOSED,
+                                                                diagnosis=diagnosis))
 
-    def _refused(self, name: str, note: str, clicked: MessageRef | None, reply: str) -> None:
+    def _refused(self, name: str, note: str, clicked: MessageRef | None, reply: Note) -> None:
         """A conflicting apply that cannot be re-proposed on this incident: it failed."""
         incident = self.cas.move(name, S.FAILED, note)
         self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, Note(text=reply))
+        self.messages.reply(incident, clicked, reply)

@@ -54,7 +54,7 @@ def incident_labels(incident: Incident) -> dict[str, str]:
         "workload": label_value(incident.workload),
         "cause": label_value(incident.cause),
         "state": str(incident.state),  # the plain value (a StrEnum formats as it too)
-        "posted": "true" if incident.slack_ts else "false",
+        "posted": "true" if incident.message_id else "false",
     }
 
 

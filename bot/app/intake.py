@@ -19,7 +19,7 @@ from bot.app.metrics import Metrics
 from bot.app.ports import ClusterPort, IncidentExists, IncidentStore, PodNotFound
 from bot.app.posting import NewPost, Poster
 from bot.app.proposals import Proposer, open_state
-from bot.app.records import AlertTarget, Incident, Note
+from bot.app.records import AlertTarget, Incident, Note, NoteKind
 from bot.app.state import IncidentState, can_move, check_opening
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import Proposal, WorkloadRef
@@ -92,7 +92,7 @@ class Intake:
             name=name, cluster=self.cluster.name, namespace=workload.namespace, workload=workload.name,
             cause=diagnosis.cause, state=check_opening(name, open_state(proposal)),
             pods=[target.pod], restarts=diagnosis.restarts, first_seen=now, last_seen=now,
-            slack_channel=channel, proposal=proposal, diagnosis=diagnosis,
+            chat_channel=channel, proposal=proposal, diagnosis=diagnosis,
             # the creator posts it: no other replica does meanwhile; its message's identity is stored first
             post_lease=new.lease, post_key=new.key, post_since=new.since,
             evidence=evidence_cache.keep(evidence, now),  # for /vllm why once the previous log is gone
@@ -118,7 +118,7 @@ class Intake:
                         "evidence": evidence_cache.keep(evidence, now) or incident.evidence}
             reopened = incident.state == IncidentState.RESOLVED
             if not reopened:
-                return incident.model_copy(update=counters)
+                return incident.revised(**counters)
             proposal = incident.proposal if self._live(incident.proposal) else fresh
             return moved(incident, open_state(proposal), now, f"firing again (pod {pod})", **counters,
                          proposal=proposal, diagnosis=diagnosis if proposal is fresh else incident.diagnosis,
@@ -127,11 +127,11 @@ class Intake:
         incident = self.cas.mutate(name, fold)
         if incident is None:
             return None
-        if not incident.slack_ts:
+        if not incident.message_id:
             return self.poster.ensure_posted(name, known=incident)  # a post that failed earlier: try again now
         self.messages.refresh(incident)
         if reopened:
-            self.messages.reply(incident, None, Note(text=f"Crash-looping again (pod {pod}) after being resolved."))
+            self.messages.reply(incident, None, Note(kind=NoteKind.CRASHING_AGAIN, pod=pod))
         return incident
 
     def _live(self, proposal: Proposal | None) -> bool:
@@ -155,7 +155,7 @@ class Intake:
             updated = self.cas.mutate(incident.name, mark)
             if updated is not None and updated.state == IncidentState.RESOLVED:
                 resolved = updated
-                if updated.slack_ts:
+                if updated.message_id:
                     self.messages.refresh(updated)
         if resolved is None:
             self.metrics.alerts_skipped.labels("resolved_without_incident").inc()

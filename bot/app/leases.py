@@ -23,6 +23,7 @@ from datetime import datetime
 from bot.app.cas import IncidentCas
 from bot.app.policy import Policy
 from bot.app.records import Incident, Lease
+from bot.app.state import VerificationStep
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class VerifyLeases:
         lease = incident.verify_lease
         return lease is not None and lease.holder != self.holder and lease.until > self.clock()
 
-    def step(self, name: str, step: str | None) -> Incident:
+    def step(self, name: str, step: VerificationStep | None) -> Incident:
         """Store the verification step (None: the verification ended) with this run's lease, so a
         restarted bot resumes it. Raises LeaseLost if another live replica holds it."""
         lost = False
@@ -71,8 +72,7 @@ class VerifyLeases:
             lost = step is not None and self._held_by_other(inc)  # per attempt: a CAS retry asks again
             if lost:
                 return None
-            return inc.model_copy(update={"verification_step": step,
-                                          "verify_lease": self._lease() if step is not None else None})
+            return inc.at_step(step, self._lease() if step is not None else None)
 
         incident = self.cas.mutate(name, mark)
         if lost:
@@ -87,7 +87,7 @@ class VerifyLeases:
         for name in names:
             def extend(inc: Incident) -> Incident | None:
                 lease = inc.verify_lease
-                return inc.model_copy(update={"verify_lease": self._lease()}) \
+                return inc.with_verify_lease(self._lease()) \
                     if lease is not None and lease.holder == self.holder else None
             try:
                 self.cas.mutate(name, extend)
@@ -114,7 +114,7 @@ class VerifyLeases:
             taken = inc.verification_step is not None and self.abandoned(inc)  # per attempt, as above
             if not taken:
                 return None
-            return inc.model_copy(update={"verify_lease": self._lease()})
+            return inc.with_verify_lease(self._lease())
 
         incident = self.cas.mutate(name, take)
         return incident if taken else None

@@ -8,24 +8,24 @@ import logging
 
 from bot.app.metrics import Metrics
 from bot.app.ports import ChatPort, ChatUnavailable
-from bot.app.records import Incident, MessageRef, Note
+from bot.app.records import Incident, MessageRef, Note, NoteKind
+from bot.app.state import Outcome, VerificationStep
 
 log = logging.getLogger(__name__)
-# The verification_step of an incident moved to `applied` whose "Applied" reply is not sent yet:
-# written with the move, so a bot killed before the reply leaves a trace a restart resumes from.
-REPORT = "report"
 
 
 def applied_note(user: str, message: str, digest: str) -> Note:
     """The "Applied" report; keyed by the proposal, so a resumed report is not sent twice."""
-    return Note(text=f":white_check_mark: Applied by <@{user}>. {message}\nFollowing the rollout…",
-                key=f"applied/{digest}")
+    return Note(kind=NoteKind.APPLIED, actor=user, message=message, key=f"applied/{digest}")
 
 
 def reported(incident: Incident) -> Incident | None:
-    """The incident with its Applied reply marked sent (verification next), None if it was already."""
-    return incident.model_copy(update={"verification_step": "ready"}) if incident.verification_step == REPORT \
-        else None
+    """The incident with its Applied reply marked sent (verification next), None if it was already.
+    (An incident moved to `applied` is at step REPORT until then: a bot killed before the reply
+    leaves a trace a restart resumes from.)"""
+    if incident.verification_step != VerificationStep.REPORT:
+        return None
+    return incident.at_step(VerificationStep.READY, incident.verify_lease)
 
 
 class Messages:
@@ -34,9 +34,8 @@ class Messages:
 
     def refresh(self, incident: Incident, clicked: MessageRef | None = None) -> None:
         """Re-render the incident's message, and the clicked copy if it is a different one."""
-        targets = []
-        if incident.slack_ts and incident.slack_channel:
-            targets.append(MessageRef(channel=incident.slack_channel, ts=incident.slack_ts))
+        own = incident.message_ref()
+        targets = [own] if own is not None else []
         # Every copy shows the current record, so no visible button carries a replaced digest (a
         # copy that could not be updated keeps its old digest, and its clicks are refused).
         targets += [copy for copy in incident.copies if copy not in targets]
@@ -50,10 +49,9 @@ class Messages:
 
     def reply(self, incident: Incident, clicked: MessageRef | None, note: Note) -> None:
         """Reply in the thread of the clicked message, else of the incident's message."""
-        thread = clicked or (MessageRef(channel=incident.slack_channel, ts=incident.slack_ts)
-                             if incident.slack_ts and incident.slack_channel else None)
+        thread = clicked or incident.message_ref()
         if thread is None:
-            log.info("incident %s has no message yet; not replying: %s", incident.name, note.text)
+            log.info("incident %s has no message yet; not replying: %s", incident.name, note.summary)
             return
         try:
             self.chat.reply(thread, note)
@@ -76,27 +74,23 @@ class Messages:
                 break
         self.reply(incident, None, note)
 
-    def refuse(self, reason: str, channel: str | None, user: str, text: str) -> str:
+    def refuse(self, reason: Outcome, channel: str | None, user: str, why: str | Note) -> Outcome:
         """Count a refused click and tell the user (only them) why; returns `reason`."""
-        self.metrics.refused_clicks.labels(reason).inc()
+        self.metrics.refused_clicks.labels(reason.value).inc()
+        note = why if isinstance(why, Note) else Note(kind=NoteKind.REFUSAL, message=why)
         if channel:
             try:
-                self.chat.tell_user(channel, user, text)
+                self.chat.tell_user(channel, user, note)
             except ChatUnavailable:
-                log.warning("could not tell %s: %s", user, text)
+                log.warning("could not tell %s: %s", user, note.summary)
         return reason
 
-    def someone_else_first(self, current: Incident | None, clicked: MessageRef | None, user: str) -> str:
+    def someone_else_first(self, current: Incident | None, clicked: MessageRef | None, user: str) -> Outcome:
         """The refusal for a click that lost the race to another decision."""
-        state = current.state if current else "gone"
-        by = f" by <@{current.approver}>" if current and current.approver else ""
-        return self.refuse("already_decided", clicked.channel if clicked else None, user,
-                           f"Someone else acted on this first (it is now {state}{by}). Nothing was changed.")
+        return self.refuse(Outcome.ALREADY_DECIDED, clicked.channel if clicked else None, user,
+                           Note(kind=NoteKind.SOMEONE_ELSE_FIRST, state=current.state if current else None,
+                                actor=current.approver if current else None))
 
     def actor(self, user: str) -> str:
         """Who, for the audit annotation and Event on the workload: a name and the chat id."""
-        try:
-            name = self.chat.user_name(user)
-        except ChatUnavailable:
-            name = None
-        return f"{name} (slack:{user})" if name else f"slack:{user}"
+        return self.chat.actor(user)

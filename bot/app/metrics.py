@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from bot.app.retrying import RetryEvent
+
 
 class Metrics:
     """The bot's own counters, on a registry of its own (one per server, so tests don't clash)."""
@@ -32,11 +34,11 @@ class Metrics:
                                       registry=r)
         self.rollbacks = Counter("vllm_oncall_rollbacks", "Rollbacks applied", registry=r)
         self.expired = Counter("vllm_oncall_proposals_expired", "Proposals that expired unused", registry=r)
-        self.slack_retries = Counter("vllm_oncall_slack_retries", "Slack Web API calls retried", ["method", "reason"],
-                                     registry=r)
+        # Every retry of a call to a remote API, whichever adapter made it (bot.app.retrying).
+        self.retries = Counter("vllm_oncall_retries", "Calls to a remote API retried", ["api", "call", "reason"],
+                               registry=r)
         self.slack_failures = Counter("vllm_oncall_slack_failures", "Slack Web API calls that failed for good",
                                       ["method"], registry=r)
-        self.kube_retries = Counter("vllm_oncall_kube_retries", "Kubernetes API calls retried", registry=r)
         # The webhook and the HTTP server (bot.http): every request answered with an error, by a
         # fixed reason word; every alert of an accepted batch, by what became of it.
         self.http_rejected = Counter("vllm_oncall_http_rejected", "HTTP requests answered with an error, by reason",
@@ -53,3 +55,7 @@ class Metrics:
         self.alert_to_post = Histogram("vllm_oncall_alert_to_post_seconds",
                                        "From alert received to incident message posted",
                                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
+
+    def count_retry(self, event: RetryEvent) -> None:
+        """The one retry counter (RetryPolicy.count): every adapter's retries, by API, call and reason."""
+        self.retries.labels(event.api, event.call, event.reason).inc()

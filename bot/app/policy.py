@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
@@ -16,7 +15,8 @@ from bot.diagnosis.redact import Redactor
 @dataclass(frozen=True)
 class ApproverScope:
     """Approvers of the namespaces matching `namespaces` (a glob, e.g. `ml-*`); when `channels`
-    is not empty a click counts only in one of those channels."""
+    is not empty a click counts only in one of those channels. The chat side parses them from
+    its own ID syntax (bot.slack.ids.parse_scopes)."""
 
     namespaces: str
     users: frozenset[str] = frozenset()
@@ -29,41 +29,10 @@ class ApproverScope:
         return not self.channels or channel in self.channels
 
 
-def parse_scopes(value: str | Mapping[str, Iterable[str] | str]) -> tuple[ApproverScope, ...]:
-    """`ns-glob=U1,S2,@C3;other-*=U4` (or the same as a mapping glob -> list): U/W users, S
-    user groups, @C channels where a click counts. Raises ValueError naming the bad part."""
-    if isinstance(value, str):
-        pairs: list[tuple[str, list[str]]] = []
-        for part in (p.strip() for p in value.split(";")):
-            if not part:
-                continue
-            glob, eq, members = part.partition("=")
-            if not eq:
-                raise ValueError(f"{part!r}: expected NAMESPACE-GLOB=U1,S2,@C3")
-            pairs.append((glob.strip(), [m.strip() for m in members.split(",") if m.strip()]))
-    elif isinstance(value, Mapping):
-        pairs = [(str(g).strip(), [m.strip() for m in ([ms] if isinstance(ms, str) else list(ms or []))])
-                 for g, ms in value.items()]
-    else:
-        raise ValueError("expected NAMESPACE-GLOB=U1,S2,@C3;... or a mapping of globs to lists")
-    return tuple(_scope(glob, members) for glob, members in pairs)
-
-
-def _scope(glob: str, members: list[str]) -> ApproverScope:
-    if not glob:
-        raise ValueError("a scope needs a namespace or namespace glob before =")
-    users = {m for m in members if m[:1] in ("U", "W")}
-    groups = {m for m in members if m.startswith("S")}
-    channels = {m[1:] for m in members if m.startswith("@") and m[1:2] in ("C", "G")}
-    bad = [m for m in members if m not in users | groups and m[1:] not in channels]
-    if bad:
-        raise ValueError(f"{glob}: {', '.join(bad)} is not a user (U/W), user group (S) or channel (@C)")
-    if not users and not groups:
-        raise ValueError(f"{glob}: names no approver (U/W user or S user group)")
-    return ApproverScope(glob, frozenset(users), frozenset(groups), frozenset(channels))
-
-
 DEFAULT_POST_LEASE = timedelta(seconds=60)
+# How long an incident may sit in `applying` before the sweep assumes its applier died or lost the
+# answer, and resumes it. An applier starts its patch only while the patch (Policy.patch_seconds,
+# with its retries) can end inside the grace.
 DEFAULT_APPLY_GRACE = timedelta(minutes=2)
 
 

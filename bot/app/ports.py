@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Protocol
 
 from bot.app.records import ApplyResult, Incident, MessageRef, Note, Verification
+from bot.app.verdict import Diagnoser
+from bot.app.workload_ops import ChangeToUndo
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import Proposal, WorkloadRef
 
@@ -62,6 +64,8 @@ class ClusterPort(Protocol):
     def workload_for(self, evidence: Evidence) -> WorkloadRef:
         """The owning workload of the evidence's pod, with GitOps/Helm detection."""
 
+    # propose, apply, was_applied and rollback are bot.app.workload_ops over the adapter's
+    # WorkloadIO: the adapters only do the I/O, the decisions are written once.
     def propose(self, diagnosis: DiagnosisResult, evidence: Evidence, workload: WorkloadRef) -> Proposal | None:
         """A proposal for `workload` (as `workload_for` resolved it: its owners are not read
         again), bound to that state, dry-run checked; None if the diagnosis has no change."""
@@ -75,11 +79,14 @@ class ClusterPort(Protocol):
         """The result of an earlier apply of this proposal, if the workload carries its audit
         record (whatever the API answered then); None if it does not."""
 
-    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
-        """Restore the command line recorded by the last applied change."""
+    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str,
+                 change: ChangeToUndo | None = None) -> ApplyResult:
+        """Undo `change` (the proposal an incident applied, found by its id and digest in the
+        workload's own audit record), else the last applied change; refused when a later change
+        or an edit touched the same fields."""
 
-    def verify(self, workload: WorkloadRef, timeout_seconds: float) -> Verification:
-        """Follow the rollout until a new pod is Ready or crashes again."""
+    def verify(self, workload: WorkloadRef, timeout_seconds: float, diagnose: Diagnoser) -> Verification:
+        """Follow the rollout until a new pod is Ready or crashes again (diagnosed by `diagnose`)."""
 
 
 class IncidentStore(Protocol):
@@ -115,10 +122,11 @@ class ChatPort(Protocol):
         """Whether the bot's own reply with `key` is in the thread of `thread`. Raises
         ChatUnavailable when it cannot tell."""
 
-    def tell_user(self, channel: str, user: str, text: str) -> None:
+    def tell_user(self, channel: str, user: str, note: Note) -> None:
         """A message only that user sees (Slack: ephemeral)."""
 
     def group_members(self, group_id: str) -> set[str]: ...
 
-    def user_name(self, user_id: str) -> str | None:
-        """A human name for audit records, or None if unknown."""
+    def actor(self, user: str) -> str:
+        """Who `user` is, for the audit annotation and Event on the workload: a name and the
+        chat's id for them. Never raises: without a name (the chat is down), the id alone."""

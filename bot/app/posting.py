@@ -11,7 +11,7 @@ A post whose answer is ambiguous (a timeout, a 5xx, a connection dropped after s
 message may exist) keeps the lease, so nobody posts again before it runs out; a holder that died
 mid-post leaves it the same way. After the post lease (Policy.post_lease) anyone may take the lease, and whoever takes it
 over an incident that already has a key first looks for that key in the channel's history:
-found, the ts is recorded (posted once, counted once); the look-up failed, nothing is posted
+found, its message id is recorded (posted once, counted once); the look-up failed, nothing is posted
 until a later sweep can look; not found, it is posted with the same key.
 """
 
@@ -72,7 +72,7 @@ class Poster:
         wrote it (created, or updated by CAS). It saves a read; it is safe because every later
         write here is a CAS on its version, so a stale `known` only costs a conflict and a re-read."""
         incident = known if known is not None else self.store.get(name)
-        if incident is None or incident.slack_ts:
+        if incident is None or incident.message_id:
             return incident
         holder = self.lease_holder(incident)
         if holder is not None and (lease is None or holder != lease.holder):
@@ -82,19 +82,19 @@ class Poster:
         earlier = holder is None and incident.post_key is not None
         if holder is None or incident.post_key is None:
             try:
-                incident = self.store.update(incident.model_copy(update=self._attempt(incident, holder is None)))
+                incident = self.store.update(incident.revised(**self._attempt(incident, holder is None)))
             except IncidentConflict:
                 return self.store.get(name)  # someone else moved first; they (or the sweeper) post it
         if earlier:
             try:
-                found = self.chat.find_posted(incident.slack_channel, incident.post_key or "",
+                found = self.chat.find_posted(incident.chat_channel, incident.post_key or "",
                                               incident.post_since or incident.first_seen)
             except ChatUnavailable as exc:
                 return self._lookup_failed(incident, exc)
             if found is not None:
                 return self._posted(incident, found, received_at, recovered=True)
         try:
-            message = self.chat.post_incident(incident, incident.slack_channel)
+            message = self.chat.post_incident(incident, incident.chat_channel)
         except ChatUnavailable as exc:
             return self._post_failed(incident, exc, received_at)
         return self._posted(incident, message, received_at)
@@ -124,17 +124,17 @@ class Poster:
             # whoever takes it then looks for the key first.
             log.warning("posting incident %s may or may not have worked (%s); will look for it before "
                         "posting again", name, exc)
-            self.cas.mutate(name, lambda inc: inc.model_copy(update={"history": noted(
+            self.cas.mutate(name, lambda inc: inc.with_history(noted(
                 inc, self.clock(), f"post answer unclear ({str(exc)[:120]}): it may be in the channel; "
-                "looking for it there before any new post")}))
+                "looking for it there before any new post")))
             return self.store.get(name)
         log.warning("could not post incident %s, will retry: %s", name, exc)
         # A channel that refuses the bot (e.g. `/vllm why` typed where it is not a member)
         # never will accept it: fall back to the alert channel instead of retrying forever.
-        fallback = {"slack_channel": None} if exc.channel_refused and incident.slack_channel else {}
+        fallback = {"chat_channel": None} if exc.channel_refused and incident.chat_channel else {}
         note = f"post failed: {str(exc)[:120]}" + ("; using the alert channel" if fallback else "")
-        self.cas.mutate(name, lambda inc: inc.model_copy(update={
-            **fallback, "post_lease": None, "history": noted(inc, self.clock(), note)}))
+        self.cas.mutate(name, lambda inc: inc.revised(**fallback, post_lease=None,
+                                                      history=noted(inc, self.clock(), note)))
         return self.ensure_posted(name, received_at) if fallback else self.store.get(name)
 
     def _lookup_failed(self, incident: Incident, exc: ChatUnavailable) -> Incident | None:
@@ -144,29 +144,27 @@ class Poster:
         mine = incident.post_lease
 
         def release(inc: Incident) -> Incident:
-            return inc.model_copy(update={
-                "post_lease": None if inc.post_lease == mine else inc.post_lease,
-                "history": noted(inc, self.clock(), f"could not check the channel for an earlier post "
-                                 f"({str(exc)[:120]}): not posting until it can")})
+            return inc.revised(
+                post_lease=None if inc.post_lease == mine else inc.post_lease,
+                history=noted(inc, self.clock(), f"could not check the channel for an earlier post "
+                              f"({str(exc)[:120]}): not posting until it can"))
 
         return self.cas.mutate(incident.name, release)
 
     def _posted(self, incident: Incident, message: MessageRef, received_at: float | None,
                 recovered: bool = False) -> Incident | None:
-        first = True  # this call stored the incident's ts (not someone who overran our lease)
+        first = True  # this call stored the incident's message id (not someone who overran our lease)
 
         def record_post(inc: Incident) -> Incident | None:
             nonlocal first
-            first = not inc.slack_ts
+            first = not inc.message_id
             if not first:
                 return None
             how = "found in the history of" if recovered else "posted to"
-            return inc.model_copy(update={
-                "slack_channel": message.channel, "slack_ts": message.ts, "post_lease": None,
-                "history": noted(inc, self.clock(), f"{how} {message.channel}")})
+            return inc.posted_as(message, noted(inc, self.clock(), f"{how} {message.channel}"))
 
         # Usually nobody wrote since the incident we hold (we held the post lease): a CAS on it
-        # stores the ts without reading again. Someone did (a repeat alert's counters): re-read.
+        # stores the message id without reading again. Someone did (a repeat alert's counters): re-read.
         try:
             update = record_post(incident)
             posted: Incident | None = self.store.update(update) if update is not None else incident
@@ -180,7 +178,7 @@ class Poster:
                 self.metrics.alert_to_post.observe(time.monotonic() - received_at)
         else:
             log.error("incident %s already had message %s when %s arrived: a duplicate", incident.name,
-                      posted.slack_ts if posted else None, message.ts)
+                      posted.message_id if posted else None, message.message_id)
         # Repeats arrived while posting, or the message found was rendered by an earlier attempt:
         # show the incident as it is now.
         if posted is not None and first and (recovered or (posted.alert_count, posted.pods) != (

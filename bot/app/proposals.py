@@ -12,7 +12,7 @@ from bot.app.policy import PROPOSALS_ONLY, Policy
 from bot.app.ports import ClusterPort
 from bot.app.state import IncidentState
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
-from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.diagnosis.models import DiagnosisResult, Evidence, revised
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.remedy.plan import redact_proposal
 
@@ -38,15 +38,16 @@ class Proposer:
         evidence where the core left them empty."""
         diagnosis = self._diagnose(evidence)
         pod, node = pod_view(evidence), node_view(evidence)
-        return diagnosis.model_copy(update={
-            "namespace": diagnosis.namespace or pod.namespace or None,
-            "pod": diagnosis.pod or pod.name or None,
-            "container": diagnosis.container or (pod.container.name if pod.container else None),
-            "node": diagnosis.node or pod.node_name or node.name,
-            "gpu": diagnosis.gpu or gpu_summary(node),
-            "restarts": diagnosis.restarts if diagnosis.restarts is not None else (
+        return revised(
+            diagnosis,
+            namespace=diagnosis.namespace or pod.namespace or None,
+            pod=diagnosis.pod or pod.name or None,
+            container=diagnosis.container or (pod.container.name if pod.container else None),
+            node=diagnosis.node or pod.node_name or node.name,
+            gpu=diagnosis.gpu or gpu_summary(node),
+            restarts=diagnosis.restarts if diagnosis.restarts is not None else (
                 pod.container.restart_count if pod.container else None),
-        })
+        )
 
     def propose(self, diagnosis: DiagnosisResult, evidence: Evidence, workload: WorkloadRef) -> Proposal | None:
         if not diagnosis.cause or not diagnosis.changes:
@@ -62,7 +63,7 @@ class Proposer:
         # Sealed as it will be stored and shown: secrets in command lines and patch values masked
         # (the apply path restores them from the live object), so the digest the button carries
         # is the digest of the stored record.
-        return redact_proposal(proposal.model_copy(update=update), self.policy.redactor).sealed()
+        return redact_proposal(revised(proposal, **update), self.policy.redactor).sealed()
 
     def recheck(self, name: str, stored: Proposal) -> Recheck:
         """Re-derive incident `name`'s proposal now, from the live workload, its pod's evidence

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from bot.app.evidence_cache import CachedEvidence
-from bot.app.state import IncidentState
-from bot.diagnosis.models import DiagnosisResult
+from bot.app.state import IncidentState, VerificationStep, VerifyOutcome  # VerifyOutcome: re-exported for the adapters
+from bot.diagnosis.models import DiagnosisResult, revised
 from bot.remedy.models import Model, Proposal, WorkloadRef
 
 
 class MessageRef(BaseModel):
+    """One message in the chat: the channel it is in and the chat's id for it there."""
+
     model_config = ConfigDict(frozen=True)
     channel: str
-    ts: str
+    message_id: str
 
 
 class ApplyResult(Model):
@@ -30,13 +33,29 @@ class ApplyResult(Model):
     changed_fields: list[str] = Field(default_factory=list)
 
 
+class PodState(StrEnum):
+    """What one new pod of a rollout is doing (bot.app.verdict.pod_state)."""
+
+    READY = "ready"
+    CRASHED = "crashed"
+    PENDING = "pending"  # scheduled or not, loading, pulling: neither Ready nor crashed yet
+
+
 class Verification(Model):
-    outcome: Literal["ready", "crashed", "timeout", "unknown"]
+    outcome: VerifyOutcome
     pod: str | None = None
     message: str
     kv_cache_line: str | None = None  # vLLM's own "GPU KV cache size: N tokens" / "# GPU blocks"
     concurrency_line: str | None = None
     diagnosis: DiagnosisResult | None = None  # when the new pod crashed again
+
+    @property
+    def ready(self) -> bool:
+        return self.outcome is VerifyOutcome.READY
+
+    @property
+    def crashed(self) -> bool:
+        return self.outcome is VerifyOutcome.CRASHED
 
 
 class CompletionCheck(Model):
@@ -61,7 +80,7 @@ class Lease(Model):
 class RolloutOutcome(Model):
     """What following the rollout of an applied change found."""
 
-    outcome: Literal["ready", "crashed", "timeout", "unknown"]
+    outcome: VerifyOutcome
     pod: str | None = None
     message: str
     at: datetime
@@ -74,6 +93,9 @@ class AppliedChange(Model):
     at: datetime
     message: str  # what the cluster side said it did
     rollout: RolloutOutcome | None = None  # None until the rollout was followed
+
+    def followed(self, outcome: RolloutOutcome) -> AppliedChange:
+        return revised(self, rollout=outcome)
 
 
 class Incident(Model):
@@ -90,10 +112,10 @@ class Incident(Model):
     first_seen: datetime
     last_seen: datetime
     alert_count: int = 1
-    slack_channel: str | None = None
-    slack_ts: str | None = None
+    chat_channel: str | None = None  # where its message is (to be) posted; None: the alert channel
+    message_id: str | None = None  # the chat's id of its message in chat_channel; None: not posted yet
     # Other messages that show this incident (`/vllm why` in another channel, the message a
-    # re-diagnosis replaced): re-rendered with it, and a click counts only on one of these or slack_ts.
+    # re-diagnosis replaced): re-rendered with it, and a click counts only on one of these or its own.
     copies: list[MessageRef] = Field(default_factory=list)
     proposal: Proposal | None = None
     diagnosis: DiagnosisResult | None = None
@@ -114,35 +136,121 @@ class Incident(Model):
         return message == self.message_ref() or message in self.copies
 
     def message_ref(self) -> MessageRef | None:
-        return MessageRef(channel=self.slack_channel, ts=self.slack_ts) if self.slack_channel and self.slack_ts \
-            else None
+        return MessageRef(channel=self.chat_channel, message_id=self.message_id) \
+            if self.chat_channel and self.message_id else None
     version: str | None = None  # store's concurrency token (resourceVersion or file mtime)
     # What the crash's collect read (bounded), for `/vllm why` once the previous log is gone
     # (bot/app/evidence_cache.py); None for records written before it, or without a previous log.
     evidence: CachedEvidence | None = None
-    # The verification step an applied change is in ("ready", "request", "soak"), so a restarted
-    # bot resumes it (bot/app/rollout.py); None when no verification is under way.
-    verification_step: str | None = None
+    # The verification step an applied change is in, so a restarted bot resumes it
+    # (bot/app/rollout.py); None when no verification is under way.
+    verification_step: VerificationStep | None = None
     # The verification run following the rollout, renewed while it runs (bot/app/leases.py): a
     # run whose replica died is resumed by another once this runs out; None: no run holds it.
     verify_lease: Lease | None = None
 
     @field_serializer("state")
     def _plain_state(self, state: str) -> str:
-        """Stored as the plain string, also when a model_copy(update=...) put one in unchecked."""
+        """Stored as the plain string (the CRD validates spec.state against the values)."""
         return str(state)
+
+    # Every change to an incident is one of these (or bot.app.cas.moved, the state change): each
+    # returns a new, validated record.
+    def revised(self, **changes: Any) -> Incident:
+        """This incident with `changes`, validated: a wrong type or a misspelled field raises."""
+        return revised(self, **changes)
+
+    def at_step(self, step: VerificationStep | None, lease: Lease | None) -> Incident:
+        """At verification step `step` (None: the verification ended), held by `lease`."""
+        return revised(self, verification_step=step, verify_lease=lease)
+
+    def with_verify_lease(self, lease: Lease | None) -> Incident:
+        return revised(self, verify_lease=lease)
+
+    def with_history(self, history: list[str]) -> Incident:
+        return revised(self, history=history)
+
+    def with_copies(self, copies: list[MessageRef]) -> Incident:
+        return revised(self, copies=copies)
+
+    def posted_as(self, message: MessageRef, history: list[str]) -> Incident:
+        """Its message is `message` (posted, or found in the channel's history): the post lease ends."""
+        return revised(self, chat_channel=message.channel, message_id=message.message_id, post_lease=None,
+                       history=history)
+
+    def with_version(self, version: str) -> Incident:
+        return revised(self, version=version)
+
+
+class NoteKind(StrEnum):
+    """What a note says. The chat side words and marks it up (bot/slack/notes.py); the fields a
+    kind uses are listed beside it."""
+
+    # Thread replies after a decision.
+    APPLIED = "applied"  # actor, message (what the cluster side did)
+    TOO_LATE = "too_late"  # too late to patch safely: the sweep tries again
+    PATCH_FAILED = "patch_failed"  # message
+    ANSWER_LOST = "answer_lost"  # message (why the answer was lost)
+    NOT_APPLIED = "not_applied"  # message (why), workload ("namespace/name")
+    # The workload was edited since the proposal: workload ("Kind namespace/name"), changed, message;
+    # then: not re-diagnosed (detail: the error), a new cause (detail: its title), or re-proposed.
+    EDITED_NOT_REDIAGNOSED = "edited_not_rediagnosed"
+    EDITED_NEW_CAUSE = "edited_new_cause"
+    EDITED_REPROPOSED = "edited_reproposed"  # diagnosis
+    ROLLED_BACK = "rolled_back"  # actor, message
+    ROLLBACK_FAILED = "rollback_failed"  # message
+    # Following the rollout.
+    NOT_FOLLOWED = "not_followed"  # message (the error)
+    CRASHED_AGAIN = "crashed_again"  # pod, message, diagnosis
+    NOT_CONFIRMED = "not_confirmed"  # outcome, message
+    NO_KV_FIGURES = "no_kv_figures"  # pod, state
+    POD_READY = "pod_ready"  # pod, message, lines (vLLM's KV-cache and concurrency lines)
+    REQUEST_OK = "request_ok"  # message
+    REQUEST_FAILED = "request_failed"  # pod, message, diagnosis
+    SOAK_STARTED = "soak_started"  # pod, seconds
+    SOAK_OK = "soak_ok"  # message
+    SOAK_FAILED = "soak_failed"  # message, diagnosis
+    GPU_MEMORY = "gpu_memory"  # message
+    RESUMED = "resumed"  # step
+    # Other thread replies.
+    CRASHING_AGAIN = "crashing_again"  # pod: a resolved incident fires again
+    EVIDENCE_KEPT = "evidence_kept"  # at (when it was collected), detail (how long ago)
+    COMMENTARY = "commentary"  # message (the commentator's labelled text)
+    # Told to one user only: why a click or a command did nothing.
+    REFUSAL = "refusal"  # message
+    SOMEONE_ELSE_FIRST = "someone_else_first"  # state (None: the incident is gone), actor
+    ALREADY_DECIDED = "already_decided"  # state, actor
 
 
 class Note(BaseModel):
-    """A thread reply: text, optionally a re-diagnosis and a Roll back button for an incident."""
+    """Something the bot says in chat (a thread reply, or to one user): what it is and its facts,
+    optionally a re-diagnosis and a Roll back button for an incident. Every text field is plain
+    (it may quote the cluster); the chat side escapes it."""
 
-    model_config = ConfigDict(frozen=True)
-    text: str
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: NoteKind
+    actor: str | None = None  # the chat user who did it
+    pod: str | None = None
+    message: str = ""
+    workload: str | None = None
+    changed: list[str] = Field(default_factory=list)  # the workload's fields edited since the proposal
+    lines: list[str] = Field(default_factory=list)
+    detail: str | None = None
+    state: IncidentState | None = None
+    outcome: VerifyOutcome | None = None
+    step: VerificationStep | None = None
+    seconds: float | None = None
+    at: datetime | None = None
     diagnosis: DiagnosisResult | None = None
     rollback_incident: str | None = None
     # A reply that must appear once (the "Applied" report): sent with it, so a bot that cannot
     # tell whether it was sent (killed right after) looks for it in the thread first (find_reply).
     key: str | None = None
+
+    @property
+    def summary(self) -> str:
+        """For a log line: the kind and the message."""
+        return f"{self.kind}: {self.message}" if self.message else str(self.kind)
 
 
 class AlertTarget(BaseModel):

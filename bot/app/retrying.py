@@ -1,13 +1,17 @@
-"""One bounded retry policy for every adapter that talks to a remote API (Kubernetes, Slack).
+"""One bounded retry policy for every adapter that talks to a remote API (Kubernetes, Slack),
+and one counter for every retry.
 
-Each adapter says which failures may be retried and why (`reason_of`), where the server asked
-for a pause (`retry_after_of`: a 429's Retry-After), and how a retry is logged and counted
-(`on_retry`). The policy owns the rest: how many attempts, exponential backoff with jitter, and
-a cap on any Retry-After, so a server asking for an hour never stalls the bot for an hour.
+Each adapter says which API and call it is (`api`, `call`), which failures may be retried and
+why (`reason_of`), and where the server asked for a pause (`retry_after_of`: a 429's
+Retry-After). The policy owns the rest: how many attempts, exponential backoff with jitter, a
+cap on any Retry-After (so a server asking for an hour never stalls the bot for an hour), one
+log line per retry, and counting it through `count` (serve wires Metrics.count_retry:
+vllm_oncall_retries_total{api, call, reason}).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,12 +20,15 @@ from typing import Any, TypeVar
 import tenacity
 
 T = TypeVar("T")
+log = logging.getLogger("bot.retry")
 
 
 @dataclass(frozen=True)
 class RetryEvent:
-    """One retry about to happen: what failed, why it may be retried, and the wait."""
+    """One retry about to happen: which call failed, why it may be retried, and the wait."""
 
+    api: str  # "kubernetes", "slack"
+    call: str  # "get pods", "chat.postMessage"
     error: BaseException
     reason: str
     attempt: int  # the attempt that just failed, from 1
@@ -34,12 +41,17 @@ class RetryEvent:
         return self.retry_after is not None and self.retry_after > self.wait_seconds
 
 
+def _not_counted(event: RetryEvent) -> None:
+    return None
+
+
 @dataclass
 class RetryPolicy:
     """attempts: total tries. Backoff: exponential from `initial`, capped at `maximum`, plus up to
     `jitter` seconds. A server's Retry-After is honoured up to `max_retry_after`. `budget`: seconds
     from the first attempt after which no new attempt starts (None: attempts alone bound it).
-    `sleep` and `clock` are injectable so tests can record waits instead of sleeping."""
+    `count`: called with every retry (the one retry counter). `sleep` and `clock` are injectable
+    so tests can record waits instead of sleeping."""
 
     attempts: int = 5
     initial: float = 0.5
@@ -49,11 +61,13 @@ class RetryPolicy:
     budget: float | None = None
     sleep: Callable[[float], None] = field(default=time.sleep)
     clock: Callable[[], float] = field(default=time.monotonic)
+    count: Callable[[RetryEvent], None] = field(default=_not_counted)
 
-    def run(self, fn: Callable[..., T], *args: Any, reason_of: Callable[[BaseException], str | None],
-            retry_after_of: Callable[[BaseException], float | None] = lambda exc: None,
-            on_retry: Callable[[RetryEvent], None] = lambda event: None, **kwargs: Any) -> T:
-        """fn(*args, **kwargs), retried while `reason_of(error)` names a reason; the last error is raised."""
+    def run(self, fn: Callable[..., T], *args: Any, api: str, call: str,
+            reason_of: Callable[[BaseException], str | None],
+            retry_after_of: Callable[[BaseException], float | None] = lambda exc: None, **kwargs: Any) -> T:
+        """fn(*args, **kwargs), retried while `reason_of(error)` names a reason; the last error is
+        raised. Each retry is logged and counted."""
         backoff = tenacity.wait_exponential_jitter(multiplier=self.initial, max=self.maximum, jitter=self.jitter)
 
         def wait(state: tenacity.RetryCallState) -> float:
@@ -64,10 +78,11 @@ class RetryPolicy:
         def before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             assert exc is not None
-            on_retry(RetryEvent(error=exc, reason=reason_of(exc) or "unknown", attempt=state.attempt_number,
-                                attempts=self.attempts,
-                                wait_seconds=state.next_action.sleep if state.next_action else 0.0,
-                                retry_after=retry_after_of(exc)))
+            event = RetryEvent(api=api, call=call, error=exc, reason=reason_of(exc) or "unknown",
+                               attempt=state.attempt_number, attempts=self.attempts,
+                               wait_seconds=state.next_action.sleep if state.next_action else 0.0,
+                               retry_after=retry_after_of(exc))
+            self._retrying(event)
 
         started = self.clock()
 
@@ -80,3 +95,13 @@ class RetryPolicy:
                                      retry=tenacity.retry_if_exception(lambda e: reason_of(e) is not None),
                                      before_sleep=before_sleep, sleep=self.sleep, reraise=True)
         return retrying(fn, *args, **kwargs)
+
+    def _retrying(self, event: RetryEvent) -> None:
+        capped = f" (Retry-After {event.retry_after:.0f}s capped)" if event.capped else ""
+        log.warning("%s %s failed (%s: %s), retry %d/%d in %.2fs%s", event.api, event.call, event.reason,
+                    " ".join(str(event.error).split())[:300] or type(event.error).__name__, event.attempt,
+                    event.attempts - 1, event.wait_seconds, capped)
+        try:
+            self.count(event)
+        except Exception:  # a broken metrics hook must never break a patch
+            log.exception("counting a retry failed")

@@ -10,31 +10,46 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
+from bot.app.incidents import incident_name
 from bot.app.leases import LeaseLost, VerifyLeases
-from bot.app.messages import REPORT, Messages, applied_note, reported
+from bot.app.messages import Messages, applied_note, reported
 from bot.app.metrics import Metrics
-from bot.app.policy import Policy
+from bot.app.policy import PROPOSALS_ONLY, Policy
 from bot.app.ports import ClusterPort, IncidentStore
-from bot.app.records import ApplyResult, CompletionCheck, Incident, MessageRef, Note, RolloutOutcome, Verification
-from bot.app.state import ROLLBACK_FROM, IncidentState, can_move
+from bot.app.records import (
+    ApplyResult,
+    CompletionCheck,
+    Incident,
+    MessageRef,
+    Note,
+    NoteKind,
+    RolloutOutcome,
+    Verification,
+)
+from bot.app.state import ROLLBACK_FROM, IncidentState, Outcome, VerificationStep, VerifyOutcome, can_move
+from bot.app.verdict import Diagnoser
+from bot.app.workload_ops import ChangeToUndo
+from bot.diagnosis.diagnose import diagnose as core_diagnose
 from bot.remedy.models import WorkloadRef
 
 log = logging.getLogger(__name__)
 S = IncidentState
+Step = VerificationStep
 
 
 class ServingProbe(Protocol):
     """Steps 3 and 4 on a cluster whose pods can be reached (bot.kube.verify.ServingChecks)."""
 
-    def ask(self, workload: WorkloadRef, pod_name: str, timeout_seconds: float) -> CompletionCheck:
-        """A real completion request to the pod: latency, tokens; a failure re-diagnosed."""
+    def ask(self, workload: WorkloadRef, pod_name: str, timeout_seconds: float,
+            diagnose: Diagnoser | None = None) -> CompletionCheck:
+        """A real completion request to the pod: latency, tokens; a failure re-diagnosed by `diagnose`."""
 
-    def soak(self, workload: WorkloadRef, pod_name: str, seconds: float) -> Verification:
-        """"ready" when the pod neither restarted nor crashed for `seconds`, else "crashed"."""
+    def soak(self, workload: WorkloadRef, pod_name: str, seconds: float, diagnose: Diagnoser) -> Verification:
+        """Ready when the pod neither restarted nor crashed for `seconds`, else crashed (diagnosed)."""
 
     def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> str:
         """The pod's GPU memory over [start, end] (start, peak, end, slope), or why it is absent."""
@@ -50,13 +65,16 @@ class VerifySteps:
 class Rollout:
     def __init__(self, cluster: ClusterPort, store: IncidentStore, cas: IncidentCas, approvers: Approvers,
                  messages: Messages, metrics: Metrics, policy: Policy, clock: Callable[[], datetime],
-                 steps: VerifySteps | None = None):
+                 steps: VerifySteps | None = None, diagnose: Diagnoser = core_diagnose):
         self.cluster, self.store, self.cas, self.approvers = cluster, store, cas, approvers
         self.messages, self.metrics, self.policy, self.clock = messages, metrics, policy, clock
         self.steps = steps or VerifySteps()
+        # The one diagnoser of a new pod that crashes (or fails its request, or its soak): the
+        # service's, with the operator's playbooks; passed to the cluster and the probe.
+        self.diagnose = diagnose
         self.leases = VerifyLeases(cas, policy, clock)
 
-    def verify(self, name: str, clicked: MessageRef | None = None, resume_from: str | None = None
+    def verify(self, name: str, clicked: MessageRef | None = None, resume_from: VerificationStep | None = None
                ) -> Incident | None:
         """Follow the rollout, unless this process or another live replica already does."""
         if not self.leases.begin(name):
@@ -69,7 +87,7 @@ class Rollout:
         finally:
             self.leases.end(name)
 
-    def _verify(self, name: str, clicked: MessageRef | None = None, resume_from: str | None = None
+    def _verify(self, name: str, clicked: MessageRef | None = None, resume_from: VerificationStep | None = None
                 ) -> Incident | None:
         """Follow the rollout and report each step in the thread as it happens: (1) the new pod
         Ready, (2) vLLM's KV-cache line, (3) a real completion request, (4) a soak window. Only all
@@ -78,55 +96,54 @@ class Rollout:
         if incident is None or incident.proposal is None:
             return None
         rollback = name if incident.applied is not None else None  # a Roll back button only for a change made
-        self.leases.step(name, "ready")
+        self.leases.step(name, Step.READY)
         try:
-            result = self.cluster.verify(incident.proposal.workload, self.policy.verify_timeout_seconds)
+            result = self.cluster.verify(incident.proposal.workload, self.policy.verify_timeout_seconds,
+                                         self.diagnose)
         except Exception as exc:
             log.exception("verification of %s failed", name)
             incident = self.leases.step(name, None)
-            self.messages.reply(incident, clicked, Note(text=f"Could not follow the rollout: {exc}",
+            self.messages.reply(incident, clicked, Note(kind=NoteKind.NOT_FOLLOWED, message=str(exc),
                                                         rollback_incident=rollback))
             return incident
-        if result.outcome == "ready":
+        if result.ready:
             return self._after_ready(name, result, clicked, rollback, resume_from)
-        if result.outcome == "crashed":
+        if result.crashed:
             incident = self._record(name, result, S.FAILED, f"new pod crashed: {result.message}")
-            self.messages.reply(incident, clicked, Note(text=f":x: The new pod {result.pod or ''} crashed again: "
-                                                             f"{result.message}", diagnosis=result.diagnosis,
+            self.messages.reply(incident, clicked, Note(kind=NoteKind.CRASHED_AGAIN, pod=result.pod,
+                                                        message=result.message, diagnosis=result.diagnosis,
                                                         rollback_incident=rollback))
         else:  # the state stays: nothing new to show on the message itself
             incident = self._record(name, result, None, "")
-            self.messages.reply(incident, clicked, Note(text=f":hourglass: Rollout not confirmed ({result.outcome}): "
-                                                             f"{result.message}", rollback_incident=rollback))
+            self.messages.reply(incident, clicked, Note(kind=NoteKind.NOT_CONFIRMED, outcome=result.outcome,
+                                                        message=result.message, rollback_incident=rollback))
             return incident
         self.messages.refresh(incident, clicked)
         return incident
 
     def _after_ready(self, name: str, result: Verification, clicked: MessageRef | None, rollback: str | None,
-                     resume_from: str | None) -> Incident:
+                     resume_from: VerificationStep | None) -> Incident:
         """Steps 2-4 once the new pod is Ready."""
         incident = self.store.get(name)
         assert incident is not None and incident.proposal is not None, f"incident {name} lost its proposal"
         workload = incident.proposal.workload
         if not result.kv_cache_line:
             incident = self._record(name, result, None, "")
-            self.messages.reply(incident, clicked, Note(
-                text=f":warning: Ready, no KV figures: the new pod {result.pod or ''} is Ready, but vLLM printed no "
-                     f"KV-cache line, so the fix is not confirmed (the incident stays {incident.state}).",
-                rollback_incident=rollback))
+            self.messages.reply(incident, clicked, Note(kind=NoteKind.NO_KV_FIGURES, pod=result.pod,
+                                                        state=incident.state, rollback_incident=rollback))
             return incident
-        lines = [f":white_check_mark: 1/4 New pod {result.pod or ''} is Ready. {result.message}".rstrip()]
-        lines += [f"2/4 vLLM: {line}" for line in (result.kv_cache_line, result.concurrency_line) if line]
-        self.messages.reply(incident, clicked, Note(text="\n".join(lines)))
+        vllm_lines = [line for line in (result.kv_cache_line, result.concurrency_line) if line]
+        self.messages.reply(incident, clicked, Note(kind=NoteKind.POD_READY, pod=result.pod, message=result.message,
+                                                    lines=vllm_lines))
         probe, pod = self.steps.probe, result.pod or ""
         if probe is not None:
-            if resume_from != "soak":
+            if resume_from != Step.SOAK:
                 failed = self._request(name, probe, workload, pod, clicked, rollback)
                 if failed is not None:
                     return failed
             if self.steps.soak_seconds > 0:
                 soaked = self._soak(name, probe, workload, pod, clicked, rollback)
-                if soaked.outcome != "ready":
+                if not soaked.ready:
                     return self._record(name, soaked, S.FAILED, f"crashed in the soak: {soaked.message}")
         incident = self._record(name, result, S.VERIFIED, f"verified: {result.message}")
         self.messages.refresh(incident, clicked)
@@ -135,37 +152,36 @@ class Rollout:
     def _request(self, name: str, probe: ServingProbe, workload: WorkloadRef, pod: str,
                  clicked: MessageRef | None, rollback: str | None) -> Incident | None:
         """Step 3; the failed incident, or None when the request succeeded."""
-        incident = self.leases.step(name, "request")
-        check = probe.ask(workload, pod, self.steps.request_timeout_seconds)
+        incident = self.leases.step(name, Step.REQUEST)
+        check = probe.ask(workload, pod, self.steps.request_timeout_seconds, self.diagnose)
         if check.ok:
-            self.messages.reply(incident, clicked, Note(text=f":speech_balloon: 3/4 {check.message}"))
+            self.messages.reply(incident, clicked, Note(kind=NoteKind.REQUEST_OK, message=check.message))
             return None
-        failed = self._record(name, Verification(outcome="crashed", pod=pod, message=check.message), S.FAILED,
-                              f"completion request failed: {check.message}")
-        self.messages.reply(failed, clicked, Note(text=f":x: 3/4 The new pod {pod} is Ready but does not serve: "
-                                                       f"{check.message}", diagnosis=check.diagnosis,
-                                                  rollback_incident=rollback))
+        failed = self._record(name, Verification(outcome=VerifyOutcome.CRASHED, pod=pod, message=check.message), S.FAILED,
+            f"completion request failed: {check.message}")
+        self.messages.reply(failed, clicked, Note(kind=NoteKind.REQUEST_FAILED, pod=pod, message=check.message,
+                                                  diagnosis=check.diagnosis, rollback_incident=rollback))
         self.messages.refresh(failed, clicked)
         return failed
 
     def _soak(self, name: str, probe: ServingProbe, workload: WorkloadRef, pod: str,
               clicked: MessageRef | None, rollback: str | None) -> Verification:
         """Step 4: no restart and no crash for the soak window."""
-        incident = self.leases.step(name, "soak")
-        self.messages.reply(incident, clicked, Note(
-            text=f":hourglass_flowing_sand: 4/4 Soak: watching {pod} for {self.steps.soak_seconds:g} s."))
+        incident = self.leases.step(name, Step.SOAK)
+        self.messages.reply(incident, clicked, Note(kind=NoteKind.SOAK_STARTED, pod=pod,
+                                                    seconds=self.steps.soak_seconds))
         started = self.clock()
-        soaked = probe.soak(workload, pod, self.steps.soak_seconds)
-        if soaked.outcome == "ready":
-            self.messages.reply(incident, clicked, Note(text=f":white_check_mark: 4/4 {soaked.message}"))
+        soaked = probe.soak(workload, pod, self.steps.soak_seconds, self.diagnose)
+        if soaked.ready:
+            self.messages.reply(incident, clicked, Note(kind=NoteKind.SOAK_OK, message=soaked.message))
             try:
                 memory = probe.gpu_memory(workload, pod, started, self.clock())
             except Exception as exc:  # a report, never a verdict: say it and go on
                 memory = f"GPU memory over the soak: not measured ({exc})"
-            self.messages.reply(incident, clicked, Note(text=f":bar_chart: {memory}"))
+            self.messages.reply(incident, clicked, Note(kind=NoteKind.GPU_MEMORY, message=memory))
         else:
-            self.messages.reply(incident, clicked, Note(text=f":x: 4/4 {soaked.message}", diagnosis=soaked.diagnosis,
-                                                        rollback_incident=rollback))
+            self.messages.reply(incident, clicked, Note(kind=NoteKind.SOAK_FAILED, message=soaked.message,
+                                                        diagnosis=soaked.diagnosis, rollback_incident=rollback))
         return soaked
 
     def resume_interrupted(self, run: Callable[[Callable[[], object]], object]) -> list[str]:
@@ -182,21 +198,19 @@ class Rollout:
                 continue  # another replica took it first
             incident, step = taken, taken.verification_step
             resumed.append(incident.name)
-            if step == REPORT:  # killed between the move to applied and its report: report it now
+            if step == Step.REPORT:  # killed between the move to applied and its report: report it now
                 applied = incident.applied
                 digest = incident.proposal.digest if incident.proposal else incident.name
                 self.messages.reply_once(incident, applied_note(applied.by if applied else "unknown",
                                                                 applied.message if applied else "", digest))
                 self.cas.mutate(incident.name, reported)
-                step = "ready"
+                step = Step.READY
             else:
-                self.messages.reply(incident, None, Note(
-                    text=f":arrows_counterclockwise: The bot restarted during verification (step: {step}), or "
-                         "the replica following it stopped; resuming it."))
+                self.messages.reply(incident, None, Note(kind=NoteKind.RESUMED, step=step))
             run(self._resumer(incident.name, step))
         return resumed
 
-    def _resumer(self, name: str, step: str) -> Callable[[], object]:
+    def _resumer(self, name: str, step: VerificationStep) -> Callable[[], object]:
         return lambda: self.verify(name, None, resume_from=step)
 
     def _record(self, name: str, result: Verification, to: IncidentState | None, note: str) -> Incident:
@@ -205,55 +219,81 @@ class Rollout:
         and only reported."""
         def change(inc: Incident) -> Incident | None:
             now = self.clock()
-            fields: dict[str, Any] = {"verification_step": None, "verify_lease": None}  # every result ends it
-            if inc.applied is not None:
-                outcome = RolloutOutcome(outcome=result.outcome, pod=result.pod, message=result.message, at=now)
-                fields["applied"] = inc.applied.model_copy(update={"rollout": outcome})
+            applied = inc.applied.followed(RolloutOutcome(outcome=VerifyOutcome(result.outcome), pod=result.pod,
+                                                          message=result.message, at=now)) \
+                if inc.applied is not None else None
+            # Every result ends the verification: no step, no lease.
             if to is not None and can_move(inc.state, to):
-                return moved(inc, to, now, note, **fields)
+                return moved(inc, to, now, note, verification_step=None, verify_lease=None, applied=applied)
             if to is not None:
                 log.warning("incident %s is %s now: not moving it to %s on a stale rollout result",
                             name, inc.state, to)
-            return inc.model_copy(update=fields)
+            return inc.at_step(None, None).revised(applied=applied)
 
         incident = self.cas.mutate(name, change)
         assert incident is not None, f"incident {name} vanished"
         return incident
 
-    def roll_back(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
+    def roll_back(self, name: str, user: str, clicked: MessageRef | None = None) -> Outcome:
+        """Undo exactly the change this incident applied: the change its proposal (id and digest)
+        left in the audit record of the workload it names, which must be the incident's own
+        workload (bound by the incident's name); scoped and refused like Approve."""
         channel = clicked.channel if clicked else None
         if not self.approvers.is_approver(user):
-            return self.messages.refuse("not_allowed", channel, user,
+            return self.messages.refuse(Outcome.NOT_ALLOWED, channel, user,
                                         f"You are not allowed to roll back changes in cluster {self.cluster.name}.")
         incident = self.store.get(name)
         if incident is None or incident.proposal is None or incident.applied is None or \
                 incident.state not in ROLLBACK_FROM:
             state = incident.state if incident else "gone"
-            return self.messages.refuse("nothing_to_roll_back", channel, user,
+            return self.messages.refuse(Outcome.NOTHING_TO_ROLL_BACK, channel, user,
                                         f"Nothing to roll back (the incident is {state}).")
-        if not self.approvers.is_approver(user, incident.namespace, channel or incident.slack_channel):
-            return self.messages.refuse("not_allowed", channel, user,
+        target = incident.proposal.workload
+        if not self.approvers.is_approver(user, incident.namespace, channel or incident.chat_channel) or \
+                not self.approvers.is_approver(user, target.namespace, channel or incident.chat_channel):
+            return self.messages.refuse(Outcome.NOT_ALLOWED, channel, user,
                                         f"You are not allowed to roll back changes in namespace "
-                                        f"{incident.namespace} from this channel.")
+                                        f"{target.namespace} from this channel.")
+        if incident.proposal.approvals_off or self.policy.proposals_only:
+            return self.messages.refuse(Outcome.PROPOSALS_ONLY, channel, user,
+                                        f"Nothing was changed: this bot runs in {PROPOSALS_ONLY}")
+        if not self._own_workload(incident):
+            log.warning("incident %s names %s %s/%s, not its own workload: roll back refused", name, target.kind,
+                        target.namespace, target.name)
+            return self.messages.refuse(Outcome.WRONG_TARGET, channel, user,
+                                        "Nothing was changed: this incident's record names another workload than "
+                                        "its own (the incident object was edited).")
         # Claim the rollback by CAS, so a double click rolls back once.
         claimed = self.cas.claim(name, ROLLBACK_FROM, S.ROLLED_BACK, f"rollback by {user}")
         if claimed is None:
             return self.messages.someone_else_first(self.store.get(name), clicked, user)
         assert claimed.proposal is not None
-        workload = claimed.proposal.workload
+        return self._roll_back_claimed(claimed, user, clicked)
+
+    def _own_workload(self, incident: Incident) -> bool:
+        """The proposal's workload is the one the incident is about, by the incident's name (derived
+        from cluster, namespace, workload and cause; an edit of those fields does not move it)."""
+        assert incident.proposal is not None
+        target = incident.proposal.workload
+        return (target.namespace, target.name) == (incident.namespace, incident.workload) and \
+            incident_name(self.cluster.name, target.namespace, target.name, incident.cause) == incident.name
+
+    def _roll_back_claimed(self, claimed: Incident, user: str, clicked: MessageRef | None) -> Outcome:
+        assert claimed.proposal is not None
+        name, workload = claimed.name, claimed.proposal.workload
+        change = ChangeToUndo(proposal_id=claimed.proposal.id, digest=claimed.proposal.digest, uid=workload.uid)
         try:
             result = self.cluster.rollback(workload.namespace, workload.kind, workload.name,
-                                           self.messages.actor(user))
+                                           self.messages.actor(user), change)
         except Exception as exc:
             result = ApplyResult(ok=False, message=f"{type(exc).__name__}: {exc}")
         if result.ok:
             self.metrics.rollbacks.inc()
             self.messages.refresh(claimed, clicked)
-            self.messages.reply(claimed, clicked, Note(text=f":leftwards_arrow_with_hook: Rolled back by <@{user}>: "
-                                                            f"{result.message}"))
-            return "rolled-back"
+            self.messages.reply(claimed, clicked, Note(kind=NoteKind.ROLLED_BACK, actor=user, message=result.message))
+            return Outcome.ROLLED_BACK
         incident = self.cas.move(name, S.FAILED, f"rollback failed: {result.message}")
         self.messages.refresh(incident, clicked)
-        self.messages.reply(incident, clicked, Note(text=f":x: Rollback failed: {result.message}",
+        self.messages.reply(incident, clicked, Note(kind=NoteKind.ROLLBACK_FAILED, message=result.message,
                                                     rollback_incident=name))
-        return "failed"
+        return Outcome.FAILED

@@ -32,6 +32,7 @@ from bot.app.posting import Poster
 from bot.app.proposals import Proposer
 from bot.app.records import AlertTarget, Incident, MessageRef
 from bot.app.rollout import Rollout, VerifySteps
+from bot.app.state import Outcome
 from bot.app.why import Why
 from bot.diagnosis.diagnose import diagnose as default_diagnose
 from bot.diagnosis.models import DiagnosisResult, Evidence
@@ -62,7 +63,7 @@ class OncallService:
         self.why = Why(cluster, store, chat, cas, self.intake, proposer, self.posting, self.metrics, self.policy,
                        clock, self.approvers)
         self.rollout = Rollout(cluster, store, cas, self.approvers, messages, self.metrics, self.policy, clock,
-                               verify_steps)
+                               verify_steps, diagnose)
         self.decisions = Decisions(cluster, store, cas, self.approvers, messages, proposer, self.intake,
                                    self.metrics, self._follow_rollout, clock)
 
@@ -81,19 +82,21 @@ class OncallService:
     def is_approver(self, user: str, namespace: str | None = None, channel: str | None = None) -> bool:
         return self.approvers.is_approver(user, namespace, channel)
 
-    def approve(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+    def approve(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None
+                ) -> Outcome:
         """Returns what happened: applied | failed | conflict | refused | replaced | not_allowed | ...
         `digest`: the proposal the approver saw (the chat adapters always pass the button's)."""
         return self.decisions.approve(name, user, clicked, digest)
 
-    def reject(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None) -> str:
+    def reject(self, name: str, user: str, clicked: MessageRef | None = None, digest: str | None = None
+               ) -> Outcome:
         return self.decisions.reject(name, user, clicked, digest)
 
     def verify(self, name: str, clicked: MessageRef | None = None) -> Incident | None:
         """Follow the rollout and report it in the thread."""
         return self.rollout.verify(name, clicked)
 
-    def roll_back(self, name: str, user: str, clicked: MessageRef | None = None) -> str:
+    def roll_back(self, name: str, user: str, clicked: MessageRef | None = None) -> Outcome:
         return self.rollout.roll_back(name, user, clicked)
 
     def sweep(self) -> None:

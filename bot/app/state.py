@@ -29,6 +29,52 @@ class IncidentState(StrEnum):
     APPROVED = "approved"
 
 
+class VerificationStep(StrEnum):
+    """Where the verification of an applied change is, stored on the incident so a restarted bot
+    resumes it (bot/app/rollout.py)."""
+
+    REPORT = "report"  # moved to applied, its "Applied" reply not sent yet
+    READY = "ready"  # (1) waiting for the new pod to be Ready, (2) its KV-cache line
+    REQUEST = "request"  # (3) a real completion request to the new pod
+    SOAK = "soak"  # (4) watching the new pod for the soak window
+
+
+class VerifyOutcome(StrEnum):
+    """What following a rollout (or one of its steps) found."""
+
+    READY = "ready"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    UNKNOWN = "unknown"
+
+
+class Outcome(StrEnum):
+    """What a decision (a click, a sweep's resumed apply) came to: returned to the adapter that
+    asked, logged, and (for refusals) the label of the refused-clicks metric."""
+
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    ROLLED_BACK = "rolled-back"
+    FAILED = "failed"  # the patch or the rollback failed
+    UNKNOWN = "unknown"  # whether the patch landed is unknown: the sweep finds out
+    LATE = "late"  # too late to patch safely within the apply grace: the sweep retries
+    CONFLICT = "conflict"  # the workload was edited since the proposal
+    REFUSED = "refused"  # re-deriving the proposal did not give the stored one
+    # Refusals of a click: nothing was changed.
+    NOT_ALLOWED = "not_allowed"
+    ALREADY_DECIDED = "already_decided"
+    NOTHING_TO_ROLL_BACK = "nothing_to_roll_back"
+    REPLACED = "replaced"
+    WRONG_MESSAGE = "wrong_message"
+    PROPOSALS_ONLY = "proposals_only"
+    WRONG_TARGET = "wrong_target"  # the incident names another workload than its own (edited)
+    EXPIRED = "expired"
+    NO_SUCH_PROPOSAL = "no_such_proposal"  # (the metric label was "unknown" before)
+    # Answered by the chat side before any use case ran.
+    NOT_SERVED = "not_served"
+    NO_DIGEST = "no_digest"
+
+
 S = IncidentState
 
 # A new incident, or one re-diagnosed, is in one of these: proposed when a change can be approved.

@@ -18,7 +18,7 @@ from bot.app.policy import Policy
 from bot.app.ports import ChatPort, ChatUnavailable, ClusterPort, IncidentStore, PodNotFound
 from bot.app.posting import Poster
 from bot.app.proposals import Proposer, offers_button, open_state
-from bot.app.records import AlertTarget, Incident, MessageRef, Note
+from bot.app.records import AlertTarget, Incident, MessageRef, Note, NoteKind
 from bot.app.state import IncidentState, can_move
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import WorkloadRef
@@ -49,7 +49,7 @@ class Why:
         namespace, _, name = query.strip().rpartition("/")
         namespace = namespace or self.policy.default_namespace
         if not self._may_ask(namespace, channel, user):
-            self.chat.tell_user(channel, user, f"/vllm why for namespace {namespace} answers only in the channel "
+            self._tell(channel, user, f"/vllm why for namespace {namespace} answers only in the channel "
                                                "its incidents are posted to, or to its approvers. Nothing was posted.")
             return None
         try:
@@ -57,12 +57,12 @@ class Why:
             evidence = self.cluster.collect(namespace, pod)
         except PodNotFound as exc:
             close = f" Did you mean: {', '.join(exc.close_matches[:8])}?" if exc.close_matches else ""
-            self.chat.tell_user(channel, user, f"No pod, Deployment or StatefulSet named {namespace}/{name} "
+            self._tell(channel, user, f"No pod, Deployment or StatefulSet named {namespace}/{name} "
                                                f"in cluster {self.cluster.name}.{close}")
             return None
         except Exception as exc:  # a 403 names the missing permission: worth showing as is
             log.exception("/vllm why %s failed", query)
-            self.chat.tell_user(channel, user, f"Could not read {namespace}/{name} in cluster "
+            self._tell(channel, user, f"Could not read {namespace}/{name} in cluster "
                                                f"{self.cluster.name}: {exc}")
             return None
         workload = self.cluster.workload_for(evidence)
@@ -83,13 +83,15 @@ class Why:
                 log.warning("could not answer /vllm why in %s: %s", channel, exc)
             else:  # a copy of the message: refreshed with it, and its buttons act on the same proposal
                 copy = posted
-                answer = self.cas.mutate(key, lambda inc: inc.model_copy(
-                    update={"copies": with_copy(inc, copy)})) or existing
+                answer = self.cas.mutate(key, lambda inc: inc.with_copies(with_copy(inc, copy))) or existing
         else:
             answer = self._rediagnose(key, pod, diagnosis, evidence, workload, channel, user)
         if kept_note and answer is not None:
-            self._say(posted or _message_of(answer), kept_note)
+            self._say(posted or answer.message_ref(), kept_note)
         return answer
+
+    def _tell(self, channel: str, user: str, why: str) -> None:
+        self.chat.tell_user(channel, user, Note(kind=NoteKind.REFUSAL, message=why))
 
     def _may_ask(self, namespace: str, channel: str, user: str) -> bool:
         """VLLM_ONCALL_WHY_SCOPE=channel: only in the alert channel, or by an approver of `namespace`."""
@@ -97,7 +99,7 @@ class Why:
             return True
         return self.approvers.is_approver(user, namespace, channel)
 
-    def _kept_if_log_gone(self, evidence: Evidence, workload: WorkloadRef) -> tuple[Evidence, str | None]:
+    def _kept_if_log_gone(self, evidence: Evidence, workload: WorkloadRef) -> tuple[Evidence, Note | None]:
         """The evidence kept with the workload's latest incident when the previous log is gone
         (the container restarted since), with a line saying when it was collected."""
         if not evidence_cache.previous_log_gone(evidence):
@@ -107,17 +109,15 @@ class Why:
         if not kept:
             return evidence, None
         latest = max(kept, key=lambda e: e.collected_at)
-        now = self.clock()
-        note = (f"The previous container's log is gone (the container restarted since), so this diagnosis is "
-                f"from the evidence collected at {latest.collected_at:%Y-%m-%d %H:%M:%S} UTC "
-                f"({evidence_cache.age(latest, now)}), kept with the incident.")
+        note = Note(kind=NoteKind.EVIDENCE_KEPT, at=latest.collected_at,
+                    detail=evidence_cache.age(latest, self.clock()))
         return evidence_cache.restore(latest), note
 
-    def _say(self, where: MessageRef | None, text: str) -> None:
+    def _say(self, where: MessageRef | None, note: Note) -> None:
         if where is None:
             return
         try:
-            self.chat.reply(where, Note(text=text))
+            self.chat.reply(where, note)
         except ChatUnavailable as exc:
             log.warning("could not say where the evidence came from: %s", exc)
 
@@ -140,7 +140,7 @@ class Why:
                          proposal=proposal, diagnosis=diagnosis, approver=None, decided_at=None, last_seen=now,
                          pods=inc.pods + ([pod] if pod not in inc.pods else []),
                          copies=with_copy(inc, inc.message_ref()),  # the old message is re-rendered too
-                         slack_channel=channel, slack_ts=None,  # the new message becomes the incident's
+                         chat_channel=channel, message_id=None,  # the new message becomes the incident's
                          post_lease=new.lease, post_key=new.key, post_since=new.since)
 
         if self.cas.mutate(key, refresh) is None:
@@ -148,9 +148,3 @@ class Why:
         if offers_button(proposal):
             self.metrics.proposals.inc()
         return self.poster.ensure_posted(key, lease=new.lease)
-
-
-def _message_of(incident: Incident) -> MessageRef | None:
-    if incident.slack_channel and incident.slack_ts:
-        return MessageRef(channel=incident.slack_channel, ts=incident.slack_ts)
-    return None

@@ -4,7 +4,9 @@ diagnose and eval live here; the cluster commands (why, collect, apply, rollback
 chat commands (serve, demo) register themselves from bot.cli.kube and bot.cli.serve.
 
 The entry point: it may import every layer, and wires the adapters (bot.kube or bot.local,
-bot.slack, bot.http, bot.llm) into the application (bot.app).
+bot.slack, bot.http, bot.llm) into the application (bot.app). `serve` and `demo` are wired in one
+place, bot.cli.wiring (a typed `Wiring` built by `build(settings)`), which bot.cli.serve loads only
+when it runs, so `--help` never imports the clients.
 """
 
 from __future__ import annotations

@@ -64,11 +64,5 @@ def check_reachable(client, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
                                  f"(check the kubeconfig's server, the VPN, or the network policy)") from None
 
 
-def unreachable_message(exc: Exception) -> str:
-    """A urllib3 connection error (after a successful check) in one line."""
-    reason = getattr(exc, "reason", None) or exc
-    return f"cannot reach the Kubernetes API server: {_one_line(reason)}"
-
-
 def _one_line(value: object) -> str:
     return " ".join(str(value).split())

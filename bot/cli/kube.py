@@ -149,9 +149,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if not result.ok:
         return 3 if result.conflict else 1
     if args.verify and result.workload:
-        verification = cluster.verify(result.workload, args.timeout)
+        verification = cluster.verify(result.workload, args.timeout, lambda evidence: _diagnose(evidence, args))
         print(verification.message)
-        return 0 if verification.outcome == "ready" else 1
+        return 0 if verification.ready else 1
     return 0
 
 

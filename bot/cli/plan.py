@@ -2,8 +2,14 @@
 
     vllm-oncall plan deploy.yaml --node node.yaml
     vllm-oncall plan deploy.yaml --gpu NVIDIA-H100-80GB-HBM3 --gpus 8 --format json
+    vllm-oncall plan deploy.yaml --vllm-version 0.33          # before an upgrade: the flags
+    vllm-oncall plan deploy.yaml --vllm-version 0.33 --node node.yaml   # both checks
 
-Exit status: 0 the workload fits, 1 it does not (or cannot be judged), 2 bad input (one line on stderr).
+With --vllm-version (and no node) only the command line is checked: every flag of the
+manifest's vLLM containers against that release's flags, read from its wheel.
+
+Exit status: 0 the workload fits (and the release accepts every flag), 1 it does not or cannot
+be judged (or the release lacks or renamed a flag), 2 bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -16,7 +22,11 @@ from typing import Any
 
 import yaml
 
+from bot.diagnosis import cmdline
+from bot.diagnosis.flag_drift import FlagCheck, check_release
 from bot.diagnosis.preflight import PlanError, gpu_node, plan, render
+from bot.diagnosis.vllm_versions import TABLE, version_key
+from bot.remedy.changes import pod_spec_of
 
 
 def _yaml_file(path: str, what: str) -> list[Any]:
@@ -60,14 +70,78 @@ def _node(args: argparse.Namespace) -> dict[str, Any] | None:
     raise PlanError("give the node the pod will run on: --node NODE.yaml, or --gpu PRODUCT [--gpus N]")
 
 
+def _release(version: str) -> str:
+    """The read release standing for --vllm-version, or a PlanError naming what is known."""
+    table = TABLE()
+    if version_key(version) is None:
+        raise PlanError(f"--vllm-version {version!r} is not a vLLM version (such as 0.17.1)")
+    release = table.release_for(version)
+    if release is None:
+        raise PlanError(f"--vllm-version {version}: the flag table holds vLLM {table.releases[0]} to "
+                        f"{table.releases[-1]} (regenerate it with tests/tools/vllm_flags_table.py --add {version})")
+    return release
+
+
+def _vllm_commands(workload: dict[str, Any], path: str) -> list[tuple[str, cmdline.ParsedCommand]]:
+    """Each container that runs vLLM, with its parsed command line."""
+    out = []
+    for c in pod_spec_of(workload).get("containers") or []:
+        parsed = cmdline.parse(_strs(c.get("command")), _strs(c.get("args")))
+        named = parsed.entrypoint in ("vllm serve", "api_server") or "vllm" in str(c.get("image", "")).lower()
+        if parsed.found_vllm and named:
+            out.append((str(c.get("name", "")), parsed))
+    if not out:
+        raise PlanError(f"{path}: no container runs vLLM (vllm serve, the api_server module or a vLLM image)")
+    return out
+
+
+def _strs(items: Any) -> list[str] | None:
+    return [str(x) for x in items] if isinstance(items, list) else None
+
+
+def _flags_json(version: str, release: str, checks: list[FlagCheck]) -> dict[str, Any]:
+    refused = [c for c in checks if c.refused]
+    return {"vllm_version": version, "release_read": release, "accepts_every_flag": not refused,
+            "refused": [c.to_json() for c in refused], "notes": [c.to_json() for c in checks if c.note and not c.refused]}
+
+
+def _flags_text(version: str, release: str, checks: list[FlagCheck]) -> str:
+    refused = [c for c in checks if c.refused]
+    read = f" (flags of {release}, read from its wheel)" if release != version else " (flags read from its wheel)"
+    lines = [f"vLLM {version}{read}: " + (f"{len(refused)} flag(s) it lacks or renamed" if refused
+                                          else "it accepts every flag of the manifest")]
+    for c in refused:
+        lines.append(f"  {c.container}: {c.spelled}: {c.verdict.describe()}" +
+                     (f" -> use {c.verdict.renamed_to}" if c.verdict.renamed_to else " -> remove it"))
+    for c in checks:
+        if c.note and not c.refused:
+            lines.append(f"  {c.container}: {c.spelled}: {c.note}")
+    return "\n".join(lines)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
-        result = plan(_workload(args.manifest), _node(args))
+        workload = _workload(args.manifest)
+        checks: list[FlagCheck] | None = None
+        release = ""
+        if args.vllm_version is not None:
+            release = _release(args.vllm_version)
+            checks = check_release(_vllm_commands(workload, args.manifest), args.vllm_version)
+        result = plan(workload, _node(args)) if checks is None or args.node or args.gpu else None
     except PlanError as exc:
         print(f"vllm-oncall plan: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result.to_json(), indent=2) if args.format == "json" else render(result))
-    return 0 if result.fits else 1
+    flags_ok = checks is None or not any(c.refused for c in checks)
+    if args.format == "json":
+        doc: dict[str, Any] = result.to_json() if result is not None else {}
+        if checks is not None:
+            doc["flags"] = _flags_json(args.vllm_version, release, checks)
+        print(json.dumps(doc, indent=2))
+    else:
+        parts = ([render(result)] if result is not None else []) + \
+            ([_flags_text(args.vllm_version, release, checks)] if checks is not None else [])
+        print("\n\n".join(parts))
+    return 0 if flags_ok and (result is None or result.fits) else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,5 +151,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", metavar="NODE.yaml", help="the node it will run on (kubectl get node NAME -o yaml)")
     p.add_argument("--gpu", metavar="PRODUCT", help="or a GPU product, e.g. NVIDIA-H100-80GB-HBM3, NVIDIA-L40S")
     p.add_argument("--gpus", type=int, default=1, help="GPUs on that node with --gpu (default 1)")
+    p.add_argument("--vllm-version", metavar="X", help="the vLLM release to run, e.g. 0.33: say which flags of the "
+                                                         "manifest it lacks or renamed (exit 1 when any)")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_plan)

@@ -17,6 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bot.llm.settings import LLMSettings
+from bot.slack import ids as slack_ids
+
 # setting name -> environment variable. Slack's own variables keep Slack's usual names.
 ENV_VARS: dict[str, str] = {
     "cluster_name": "VLLM_ONCALL_CLUSTER",
@@ -62,6 +65,11 @@ ENV_VARS: dict[str, str] = {
     "verify_request_timeout_seconds": "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS",
     "verify_request_via": "VLLM_ONCALL_VERIFY_REQUEST_VIA",
     "prometheus_url": "VLLM_ONCALL_PROMETHEUS_URL",
+    "llm_base_url": "VLLM_ONCALL_LLM_BASE_URL",
+    "llm_model": "VLLM_ONCALL_LLM_MODEL",
+    "llm_api_key": "VLLM_ONCALL_LLM_API_KEY",
+    "llm_timeout_seconds": "VLLM_ONCALL_LLM_TIMEOUT_SECONDS",
+    "llm_calls_per_hour": "VLLM_ONCALL_LLM_CALLS_PER_HOUR",
 }
 # a YAML key -> the setting: the setting's name, or its environment variable in lower case
 FILE_KEYS: dict[str, str] = {**{name: name for name in ENV_VARS}, **{var.lower(): name for name, var in ENV_VARS.items()}}
@@ -82,23 +90,145 @@ class SettingsError(ValueError):
             super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-class Settings(BaseModel):
+class Group(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+
+class SlackSettings(Group):
+    bot_token: str
+    app_token: str | None = None
+    signing_secret: str | None = None
+    channel: str = Field(min_length=1)
+    api_url: str | None = None  # a Slack stand-in in tests; Slack's own URL when None
+    # Socket Mode: the WebSocket ping interval. A connection without a pong for 4 of them is
+    # taken as dead and replaced (slack_sdk), so this bounds how long a silently dropped socket
+    # goes unnoticed. Bolt's default, 10 s, unless set.
+    ping_seconds: float = Field(default=10, gt=0, le=300)
+    max_attempts: int = Field(default=5, ge=1, le=20)
+    max_retry_after_seconds: float = Field(default=60, ge=0)
+    timeout_seconds: int = Field(default=10, ge=1, le=300)  # one Slack Web API request
+
+    @field_validator("bot_token")
+    @classmethod
+    def _bot_token(cls, v: str) -> str:
+        if not v.startswith("xoxb-"):
+            raise ValueError("must be a bot token starting with xoxb-")
+        return v
+
+    @field_validator("app_token")
+    @classmethod
+    def _app_token(cls, v: str | None) -> str | None:
+        if v and not v.startswith("xapp-"):
+            raise ValueError("must be an app-level token starting with xapp- (Socket Mode)")
+        return v or None
+
+    @field_validator("channel")
+    @classmethod
+    def _channel_id(cls, v: str) -> str:
+        # After an unclear answer from Slack the bot looks for its message in the channel's history
+        # (conversations.history), which takes an ID only: a #name could not be checked, so the
+        # bot could neither prove a post happened nor safely post again.
+        if not slack_ids.is_channel(v):
+            raise ValueError(f"must be the channel's ID (like C0123ABCDEF, in the channel's About tab), not "
+                             f"{v!r}: the bot checks the channel's history by ID before posting again")
+        return v
+
+
+class HttpSettings(Group):
+    """The HTTP server: /alerts (Alertmanager), /healthz, /readyz, /metrics, /slack/events."""
+
+    listen: str = "0.0.0.0:8080"
+    workers: int = Field(default=4, ge=1, le=64)  # the one work queue's (webhook and pod watch)
+    queue_size: int = Field(default=100, ge=1)
+    alert_token: str | None = None
+    alertnames: list[str] = Field(default_factory=lambda: ["KubePodCrashLooping"])
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, _, port = v.rpartition(":")
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8080")
+        return v
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host or "0.0.0.0", int(port)
+
+
+class KubeSettings(Group):
+    context: str | None = None  # the kubeconfig context of the one cluster (None: in-cluster or current)
+    incident_namespace: str | None = None  # where VLLMIncident objects live (None: the bot's own namespace)
+
+
+class PodWatchSettings(Group):
+    """A pod watch: diagnose at a vLLM container's first crash, not 16-21 minutes later (bot/kube/watch.py)."""
+
+    enabled: bool = False
+    namespaces: list[str] = Field(default_factory=list)  # empty: all namespaces
+    label_selector: str | None = None  # None: vLLM containers recognised by image / command
+
+
+class VerifySettings(Group):
+    """Verification after an applied change: Ready + KV line, a completion request, a soak (bot/app/rollout.py)."""
+
+    timeout_seconds: float = Field(default=900, gt=0)
+    soak_seconds: float = Field(default=600, ge=0)
+    request_timeout_seconds: float = Field(default=60, gt=0)
+    request_via: Literal["proxy", "pod-ip"] = "proxy"
+    prometheus_url: str | None = None  # dcgm-exporter's GPU memory over the soak (bot/kube/prometheus.py)
+
+
+class LLMOptions(Group):
+    """The optional LLM commentator (bot/llm): nothing is sent unless base_url is set."""
+
+    base_url: str | None = None
+    model: str = "default"
+    api_key: str = "not-needed"
+    timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+    calls_per_hour: int = Field(default=60, ge=0)
+
+    def endpoint(self) -> LLMSettings | None:
+        """The commentator's settings; None unless VLLM_ONCALL_LLM_BASE_URL is set."""
+        if not self.base_url:
+            return None
+        return LLMSettings(base_url=self.base_url, model=self.model, api_key=self.api_key,
+                           timeout_seconds=self.timeout_seconds, calls_per_hour=self.calls_per_hour)
+
+
+# A grouped setting's flat name (its YAML key; ENV_VARS names its variable) -> (group, field).
+GROUPED: dict[str, tuple[str, str]] = {
+    **{f"slack_{f}": ("slack", f) for f in SlackSettings.model_fields},
+    **{f: ("http", f) for f in HttpSettings.model_fields},
+    "kube_context": ("kube", "context"), "incident_namespace": ("kube", "incident_namespace"),
+    "watch": ("watch", "enabled"), "watch_namespaces": ("watch", "namespaces"),
+    "watch_label_selector": ("watch", "label_selector"),
+    **{f"verify_{f}": ("verify", f) for f in VerifySettings.model_fields if f != "prometheus_url"},
+    "prometheus_url": ("verify", "prometheus_url"),
+    **{f"llm_{f}": ("llm", f) for f in LLMOptions.model_fields},
+}
+FLAT_NAME = {where: name for name, where in GROUPED.items()}
+
+
+class Settings(BaseModel):
+    """The one settings model: what the whole bot is configured with, grouped by the part that
+    uses it (slack, http, kube, watch, verify, llm); the application's Policy is derived from
+    it in one place (bot.cli.wiring.policy_of)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    slack: SlackSettings
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    kube: KubeSettings = Field(default_factory=KubeSettings)
+    watch: PodWatchSettings = Field(default_factory=PodWatchSettings)
+    verify: VerifySettings = Field(default_factory=VerifySettings)
+    llm: LLMOptions = Field(default_factory=LLMOptions)
     cluster_name: str = Field(min_length=1, max_length=63)  # with `clusters`: the default one
     # Several clusters in one process (bot.app.router): cluster name -> kubeconfig context, e.g.
     # `prod-eu=ctx-eu,prod-us=ctx-us`. Empty: the one cluster of cluster_name and kube_context.
     clusters: dict[str, str] = Field(default_factory=dict)
     cluster_label: str = "cluster"  # the alert label naming the cluster (Alertmanager's usual one)
-    slack_bot_token: str
-    slack_app_token: str | None = None
-    slack_signing_secret: str | None = None
-    slack_channel: str = Field(min_length=1)
-    slack_api_url: str | None = None  # a Slack stand-in in tests; Slack's own URL when None
-    # Socket Mode: the WebSocket ping interval. A connection without a pong for 4 of them is
-    # taken as dead and replaced (slack_sdk), so this bounds how long a silently dropped socket
-    # goes unnoticed. Bolt's default, 10 s, unless set.
-    slack_ping_seconds: float = Field(default=10, gt=0, le=300)
     approver_users: list[str] = Field(default_factory=list)
     approver_groups: list[str] = Field(default_factory=list)
     # Approvers of some namespaces only: `ns-glob=U1,S2,@C3;other-*=U4` (@C: where a click counts),
@@ -106,22 +236,12 @@ class Settings(BaseModel):
     approver_scopes: dict[str, list[str]] = Field(default_factory=dict)
     # `/vllm why` for a namespace: channel = only in the alert channel or by its approvers; open = anyone
     why_scope: Literal["channel", "open"] = "channel"
-    alert_token: str | None = None
-    alertnames: list[str] = Field(default_factory=lambda: ["KubePodCrashLooping"])
     proposal_ttl_seconds: float = Field(default=3600, gt=0)
-    verify_timeout_seconds: float = Field(default=900, gt=0)
-    listen: str = "0.0.0.0:8080"
-    workers: int = Field(default=4, ge=1, le=64)
-    queue_size: int = Field(default=100, ge=1)
     store: Literal["kube", "folder"] = "kube"
     state_dir: Path = Path(".vllm-oncall")
-    incident_namespace: str | None = None
     default_namespace: str = "default"
     cluster_source: Literal["kube", "local"] = "kube"
     bundle_dir: Path | None = None
-    kube_context: str | None = None
-    slack_max_attempts: int = Field(default=5, ge=1, le=20)
-    slack_max_retry_after_seconds: float = Field(default=60, ge=0)
     sweep_interval_seconds: float = Field(default=30, gt=0)
     # Recovery time-outs. The post lease: how long one attempt holds the right to post an incident
     # (a replica that died mid-post is taken over after it); a post's retries get half of it, so
@@ -130,7 +250,6 @@ class Settings(BaseModel):
     # retries and at most a quarter (and 30 s) per attempt, and starts only while it can end inside it.
     post_lease_seconds: float = Field(default=60, gt=0)
     apply_grace_seconds: float = Field(default=120, ge=4)
-    slack_timeout_seconds: int = Field(default=10, ge=1, le=300)  # one Slack Web API request
     # proposals-only: post diagnoses and proposals, never offer Approve (deploy/ starts here);
     # approve: Approve/Reject buttons for the approvers. The default keeps what `serve` always did.
     mode: Literal["proposals-only", "approve"] = "approve"
@@ -139,45 +258,11 @@ class Settings(BaseModel):
     # expressions; the match (or its group named `secret`) becomes ***. In the environment: one per
     # line, or a JSON list (a comma may be part of a pattern, so commas do not separate them).
     redact_patterns: list[str] = Field(default_factory=list)
-    # A pod watch: diagnose at a vLLM container's first crash, not 16-21 minutes later (bot/kube/watch.py)
-    watch: bool = False
-    watch_namespaces: list[str] = Field(default_factory=list)  # empty: all namespaces
-    watch_label_selector: str | None = None  # None: vLLM containers recognised by image / command
-    # Verification after Ready + KV line: a completion request, then a soak (bot/app/rollout.py)
-    verify_soak_seconds: float = Field(default=600, ge=0)
-    verify_request_timeout_seconds: float = Field(default=60, gt=0)
-    verify_request_via: Literal["proxy", "pod-ip"] = "proxy"
-    prometheus_url: str | None = None  # dcgm-exporter's GPU memory over the soak (bot/kube/prometheus.py)
-
-    @field_validator("slack_bot_token")
-    @classmethod
-    def _bot_token(cls, v: str) -> str:
-        if not v.startswith("xoxb-"):
-            raise ValueError("must be a bot token starting with xoxb-")
-        return v
-
-    @field_validator("slack_app_token")
-    @classmethod
-    def _app_token(cls, v: str | None) -> str | None:
-        if v and not v.startswith("xapp-"):
-            raise ValueError("must be an app-level token starting with xapp- (Socket Mode)")
-        return v or None
-
-    @field_validator("slack_channel")
-    @classmethod
-    def _channel_id(cls, v: str) -> str:
-        # After an unclear answer from Slack the bot looks for its message in the channel's history
-        # (conversations.history), which takes an ID only: a #name could not be checked, so the
-        # bot could neither prove a post happened nor safely post again.
-        if not (v[:1] in ("C", "G") and v[1:].isalnum() and v == v.upper() and len(v) >= 3):
-            raise ValueError(f"must be the channel's ID (like C0123ABCDEF, in the channel's About tab), not "
-                             f"{v!r}: the bot checks the channel's history by ID before posting again")
-        return v
 
     @field_validator("approver_users")
     @classmethod
     def _user_ids(cls, v: list[str]) -> list[str]:
-        bad = [u for u in v if u[:1] not in ("U", "W")]
+        bad = [u for u in v if not slack_ids.is_user(u)]
         if bad:
             raise ValueError(f"Slack user ids start with U or W, not {', '.join(bad)}")
         return v
@@ -185,7 +270,7 @@ class Settings(BaseModel):
     @field_validator("approver_groups")
     @classmethod
     def _group_ids(cls, v: list[str]) -> list[str]:
-        bad = [g for g in v if not g.startswith("S")]
+        bad = [g for g in v if not slack_ids.is_group(g)]
         if bad:
             raise ValueError(f"Slack user group ids start with S, not {', '.join(bad)}")
         return v
@@ -193,11 +278,9 @@ class Settings(BaseModel):
     @field_validator("approver_scopes", mode="before")
     @classmethod
     def _scopes(cls, v: Any) -> Any:
-        from bot.app.policy import parse_scopes
-
         if v is None or v == "":
             return {}
-        scopes = parse_scopes(v)  # a ValueError names the bad part
+        scopes = slack_ids.parse_scopes(v)  # a ValueError names the bad part
         return {s.namespaces: sorted(s.users | s.groups) + sorted(f"@{c}" for c in s.channels) for s in scopes}
 
     @field_validator("redact_patterns")
@@ -218,25 +301,17 @@ class Settings(BaseModel):
             raise ValueError("must be a Prometheus label name (letters, digits, _), e.g. cluster")
         return v
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        host, _, port = v.rpartition(":")
-        if not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8080")
-        return v
-
     @model_validator(mode="after")
     def _combinations(self) -> Settings:
         problems = []
-        if not self.slack_app_token and not self.slack_signing_secret:
+        if not self.slack.app_token and not self.slack.signing_secret:
             problems.append(f"{ENV_VARS['slack_signing_secret']}: required when {ENV_VARS['slack_app_token']} "
                             "is not set (Slack then calls /slack/events over HTTP and signs each request)")
         if self.mode == "approve" and not self.approver_users and not self.approver_groups \
                 and not self.approver_scopes:
             problems.append(f"{ENV_VARS['approver_users']} or {ENV_VARS['approver_groups']}: set at least one "
                             f"approver, otherwise nobody may click Approve ({ENV_VARS['mode']}=approve)")
-        if self.watch and self.cluster_source != "kube":
+        if self.watch.enabled and self.cluster_source != "kube":
             problems.append(f"{ENV_VARS['watch']}: needs {ENV_VARS['cluster_source']}=kube (it watches pods)")
         if self.cluster_source == "local" and self.bundle_dir is None:
             problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
@@ -250,10 +325,10 @@ class Settings(BaseModel):
     def _lease_fits(self) -> list[str]:
         from bot.slack.chat import post_fits_lease
 
-        if post_fits_lease(self.post_lease_seconds, self.slack_timeout_seconds):
+        if post_fits_lease(self.post_lease_seconds, self.slack.timeout_seconds):
             return []
         return [f"{ENV_VARS['post_lease_seconds']} ({self.post_lease_seconds:g}) must be more than twice "
-                f"{ENV_VARS['slack_timeout_seconds']} ({self.slack_timeout_seconds}): a post's retries get half "
+                f"{ENV_VARS['slack_timeout_seconds']} ({self.slack.timeout_seconds}): a post's retries get half "
                 "the lease and its last attempt must end inside it, or another replica may post the incident too"]
 
     def _renewals_fit(self) -> list[str]:
@@ -273,7 +348,7 @@ class Settings(BaseModel):
             problems.append(f"{var}: needs {ENV_VARS['cluster_source']}=kube (each cluster is a kubeconfig context)")
         if self.store != "kube":
             problems.append(f"{var}: needs {ENV_VARS['store']}=kube (each cluster keeps its own incidents)")
-        if self.kube_context:
+        if self.kube.context:
             problems.append(f"{ENV_VARS['kube_context']}: not with {var} (there each cluster names its context)")
         if self.cluster_name not in self.clusters:
             problems.append(f"{ENV_VARS['cluster_name']}: the default cluster must be one of {var} "
@@ -285,19 +360,14 @@ class Settings(BaseModel):
         """Every cluster served -> its kubeconfig context (None: in-cluster or the current one),
         the default cluster first."""
         if not self.clusters:
-            return {self.cluster_name: self.kube_context}
+            return {self.cluster_name: self.kube.context}
         return {self.cluster_name: self.clusters[self.cluster_name],
                 **{n: c for n, c in self.clusters.items() if n != self.cluster_name}}
 
-    @property
-    def host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host or "0.0.0.0", int(port)
-
     def incident_namespace_or_default(self) -> str:
         """Where incident objects live: configured, else the bot's own namespace, else vllm-oncall."""
-        if self.incident_namespace:
-            return self.incident_namespace
+        if self.kube.incident_namespace:
+            return self.kube.incident_namespace
         if SERVICE_ACCOUNT_NAMESPACE.is_file():
             return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
         return "vllm-oncall"
@@ -325,28 +395,59 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     """Settings from the file (if any) overlaid with the environment, then with `overrides` (the
     command line's options, by setting name). Raises SettingsError."""
     env = os.environ if env is None else env
-    raw: dict[str, Any] = {}
     config_file = config_file or env.get(CONFIG_FILE_VAR)
+    raw, problems = _read_file(Path(config_file)) if config_file else ({}, [])
+    raw.update(_read_env(env))
+    raw.update(overrides or {})
+    _lists_from_strings(raw)
+    problems.extend(_clusters(raw, env))
+    try:
+        settings = Settings(**_grouped(raw))
+    except ValidationError as exc:
+        problems.extend(_describe(exc, raw))
+        raise SettingsError(problems) from None
+    if problems:
+        raise SettingsError(problems)
+    return settings
+
+
+def _grouped(raw: dict[str, Any]) -> dict[str, Any]:
+    """Flat setting names (as the environment and the file give them) -> Settings' groups."""
+    out: dict[str, Any] = {group: {} for group in ("slack", "http", "kube", "watch", "verify", "llm")}
+    for name, value in raw.items():
+        group, field = GROUPED.get(name, (None, name))
+        (out[group] if group else out)[field] = value
+    return out
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The YAML file's settings by name, and one line per unknown or repeated key. A file that
+    cannot be read or parsed is a SettingsError at once."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise SettingsError([f"{path}: cannot read the configuration file ({exc.strerror})"]) from None
+    except yaml.YAMLError as exc:
+        raise SettingsError([f"{path}: not valid YAML ({exc})"]) from None
+    if not isinstance(doc, dict):
+        raise SettingsError([f"{path}: expected a mapping of setting names to values"])
+    raw: dict[str, Any] = {}
     problems: list[str] = []
-    if config_file:
-        path = Path(config_file)
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise SettingsError([f"{path}: cannot read the configuration file ({exc.strerror})"]) from None
-        except yaml.YAMLError as exc:
-            raise SettingsError([f"{path}: not valid YAML ({exc})"]) from None
-        if not isinstance(doc, dict):
-            raise SettingsError([f"{path}: expected a mapping of setting names to values"])
-        for key, value in doc.items():
-            name = FILE_KEYS.get(str(key).lower())
-            if name is None:
-                known = ", ".join(sorted(var.lower() for var in ENV_VARS.values()))
-                problems.append(f"{path}: unknown setting {key!r} (known: {known})")
-            elif name in raw:
-                problems.append(f"{path}: {key!r} sets {name} a second time")
-            else:
-                raw[name] = value
+    for key, value in doc.items():
+        name = FILE_KEYS.get(str(key).lower())
+        if name is None:
+            known = ", ".join(sorted(var.lower() for var in ENV_VARS.values()))
+            problems.append(f"{path}: unknown setting {key!r} (known: {known})")
+        elif name in raw:
+            problems.append(f"{path}: {key!r} sets {name} a second time")
+        else:
+            raw[name] = value
+    return raw, problems
+
+
+def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The environment's settings by name: the one place the process environment is read."""
+    raw: dict[str, Any] = {}
     for name, var in ENV_VARS.items():
         value = env.get(var)
         if value is None or value == "":
@@ -355,27 +456,27 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
             raw[name] = _pattern_list(value)
         else:
             raw[name] = _split_list(value) if name in LIST_SETTINGS else value
-    raw.update(overrides or {})
+    return raw
+
+
+def _lists_from_strings(raw: dict[str, Any]) -> None:
     for name in LIST_SETTINGS:
         if isinstance(raw.get(name), str):
             raw[name] = _split_list(raw[name])
     if isinstance(raw.get("redact_patterns"), str):  # a single pattern in the file
         raw["redact_patterns"] = [raw["redact_patterns"]]
-    if raw.get("clusters"):
-        raw["clusters"], bad = parse_clusters(raw["clusters"])
-        problems.extend(bad)
-        if raw["clusters"] and not raw.get("cluster_name"):  # the default: the first one named
-            raw["cluster_name"] = next(iter(raw["clusters"]))
-        if raw["clusters"] and raw.get("cluster_source", "kube") == "kube":
-            problems.extend(missing_contexts(raw["clusters"], env))
-    try:
-        settings = Settings(**raw)
-    except ValidationError as exc:
-        problems.extend(_describe(exc, raw))
-        raise SettingsError(problems) from None
-    if problems:
-        raise SettingsError(problems)
-    return settings
+
+
+def _clusters(raw: dict[str, Any], env: Mapping[str, str]) -> list[str]:
+    """VLLM_ONCALL_CLUSTERS parsed in `raw` (the first one named is the default); its problems."""
+    if not raw.get("clusters"):
+        return []
+    raw["clusters"], problems = parse_clusters(raw["clusters"])
+    if raw["clusters"] and not raw.get("cluster_name"):
+        raw["cluster_name"] = next(iter(raw["clusters"]))
+    if raw["clusters"] and raw.get("cluster_source", "kube") == "kube":
+        problems.extend(missing_contexts(raw["clusters"], env))
+    return problems
 
 
 def parse_clusters(value: Any) -> tuple[dict[str, str], list[str]]:
@@ -428,7 +529,9 @@ def missing_contexts(clusters: Mapping[str, str], env: Mapping[str, str]) -> lis
 def _describe(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
     out = []
     for err in exc.errors():
-        loc = err["loc"][0] if err["loc"] else None
+        where = [str(part) for part in err["loc"]]
+        # a grouped setting ("slack", "bot_token") is named by its flat name (slack_bot_token)
+        loc = FLAT_NAME.get((where[0], where[1])) if len(where) > 1 else (where[0] if where else None)
         if loc is None:  # a model-level check: its message already names the variables
             out.extend(str(err["msg"]).removeprefix("Value error, ").split("; "))
             continue
@@ -437,7 +540,7 @@ def _describe(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
             out.append(f"{var}: required, not set")
         else:
             got = raw.get(str(loc))
-            shown = "<hidden>" if "token" in str(loc) or "secret" in str(loc) else repr(got)
+            shown = "<hidden>" if any(word in str(loc) for word in ("token", "secret", "key")) else repr(got)
             got_part = "" if str(loc) == "redact_patterns" else f" (got {shown})"  # the message names it
             out.append(f"{var}: {str(err['msg']).removeprefix('Value error, ')}{got_part}")
     return out

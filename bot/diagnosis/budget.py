@@ -35,6 +35,7 @@ from bot.diagnosis.catalogue import (
     quant_from_flag,
 )
 from bot.diagnosis.gpus import GpuGrant
+from bot.diagnosis.models import revised
 
 GIB = 2**30
 BLOCK = 16
@@ -620,5 +621,5 @@ def _memory_checks(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[lis
         after = in_use + graph - (f["activation"].value if "activation" in f else 0.0) + f["sampler"].value
         checks.append(StageCheck(stage="warmup", ok=after <= physical, need_gib=round(after, 2), have_gib=physical,
                                  detail=f"then the sampler warm-up {_gib(f['sampler'].value)} (estimate)"))
-    return [c.model_copy(update={"have_gib": round(c.have_gib, 2)}) if c.have_gib is not None else c
+    return [revised(c, have_gib=round(c.have_gib, 2)) if c.have_gib is not None else c
             for c in checks], kv

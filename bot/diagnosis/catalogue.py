@@ -24,6 +24,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from bot.diagnosis.models import revised
+
 SpecSource = Literal["catalogue", "bundle config.json", "hub"]
 HubLookup = Callable[[str], dict[str, Any] | None]
 CONFIG_FILE = "config.json"  # the optional bundle file
@@ -242,7 +244,7 @@ def spec_from_config(config: dict[str, Any], model_id: str, source: SpecSource,
     if spec.params_b is None:
         computed = params_from_shape(spec)
         if computed is not None:
-            spec = spec.model_copy(update={"params_b": round(computed, 2), "params_from_config": True})
+            spec = revised(spec, params_b=round(computed, 2), params_from_config=True)
     return spec
 
 
@@ -367,7 +369,7 @@ def match_model(model_arg: str | None) -> ModelSpec | None:
     update: dict[str, Any] = {"matched": best[1]}
     if named is not None and (spec.quantization is None or named.method != spec.quantization.method):
         update["quantization"] = named
-    return spec.model_copy(update=update)
+    return revised(spec, **update)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -414,5 +416,5 @@ def resolve_model(model_arg: str | None, bundle_config: dict[str, Any] | None = 
 def _with_name_quant(spec: ModelSpec, model_arg: str | None) -> ModelSpec:
     named = quant_from_name(model_arg)
     if spec.quantization is None and named is not None:
-        return spec.model_copy(update={"quantization": named})
+        return revised(spec, quantization=named)
     return spec

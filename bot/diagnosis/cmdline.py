@@ -30,8 +30,26 @@ BOOLEAN_FLAGS = {
     "--disable-uvicorn-access-log", "--return-tokens-as-token-ids", "--enable-force-include-usage",
 }
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
-SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
-                 "-dp": "--data-parallel-size", "-O": "--compilation-config"}
+
+
+def _aliases() -> tuple[dict[str, str], dict[str, str]]:
+    """(short -> long, long alias -> the flag it spells) as vLLM's parsers declare them, read from
+    the wheels (vllm_versions' table): `-tp`, `-asc`, `--device-memory-utilization` (0.32+), ..."""
+    from bot.diagnosis.vllm_versions import TABLE
+
+    short, long = {}, {}
+    for alias, flag in TABLE().alias_groups().items():
+        if alias.startswith("--"):
+            long[alias] = flag
+        elif re.fullmatch(r"-[A-Za-z]\w*", alias):
+            short[alias] = flag
+    return short, long
+
+
+SHORT_ALIASES, LONG_ALIASES = _aliases()
+# -O is FlexibleArgumentParser's own rewrite, not a declared alias: --compilation-config up to
+# 0.32 (-O3, -O.mode=3), --optimization-level in 0.33. Read as the older meaning, as before.
+SHORT_ALIASES.setdefault("-O", "--compilation-config")
 
 
 def canonical(flag: str) -> str:
@@ -40,6 +58,17 @@ def canonical(flag: str) -> str:
         return flag
     head, dot, rest = flag[2:].partition(".")
     return "--" + head.replace("_", "-") + dot + rest
+
+
+def primary(flag: str) -> str:
+    """The flag an alias spells: `--device-memory-utilization` -> `--gpu-memory-utilization`."""
+    name = canonical(flag)
+    return LONG_ALIASES.get(name, SHORT_ALIASES.get(name, name))
+
+
+def same_flag(a: str, b: str) -> bool:
+    """Two spellings of one vLLM setting (equal after dashes and aliases)."""
+    return primary(a) == primary(b)
 
 
 _BOOLEAN_PREFIXES = ("--enable-", "--disable-", "--no-", "--use-", "--trust-", "--skip-")
@@ -96,7 +125,7 @@ class ParsedCommand:
         want = canonical(flag)
         value: str | None = None
         for use in self.flags:
-            if use.name == want:
+            if same_flag(use.name, want):
                 value = use.value if use.value is not None else "true"
             elif is_boolean(want) and use.name == "--no-" + want[2:]:
                 value = "false"
@@ -104,6 +133,11 @@ class ParsedCommand:
 
     def has(self, flag: str) -> bool:
         return self.get(flag) is not None
+
+    def spelled(self, flag: str) -> bool:
+        """The command line holds exactly this flag (dash-form), not only an alias of it."""
+        want = canonical(flag)
+        return any(use.name == want for use in self.flags)
 
     def argv(self) -> list[str]:
         """The container's command and args as written in the manifest."""
@@ -295,14 +329,26 @@ def _find_vllm_start(tokens: list[Token], command: list[str] | None) -> tuple[in
 
 
 def apply_flag_changes(parsed: ParsedCommand, changes: list[Change]) -> tuple[list[str] | None, list[str] | None]:
-    """New (command, args) with each flag change made in the manifest's own spelling."""
+    """New (command, args) with each flag change made in the manifest's own spelling.
+
+    Changes are made one after the other, each on the command line the one before left, so a
+    removal and a setting of two spellings of one flag (a rename) cannot collide."""
+    command = list(parsed.command) if parsed.command is not None else None
+    args = list(parsed.args) if parsed.args is not None else None
+    current = parsed
+    for change in changes:
+        if change.kind == "flag":
+            command, args = _apply_one(current, change)
+            current = parse(command, args)
+    return command, args
+
+
+def _apply_one(parsed: ParsedCommand, change: Change) -> tuple[list[str] | None, list[str] | None]:
     command = list(parsed.command) if parsed.command is not None else None
     args = list(parsed.args) if parsed.args is not None else None
     lists = {"command": command, "args": args}
     edits = _Edits()
-    for change in changes:
-        if change.kind == "flag":
-            _plan_flag_change(change, parsed, edits)
+    _plan_flag_change(change, parsed, edits)
     if parsed.shell:
         _rewrite_script(parsed, lists, edits)
         return command, args
@@ -322,7 +368,10 @@ class _Edits:
 def _plan_flag_change(change: Change, parsed: ParsedCommand, edits: _Edits) -> None:
     q = shlex.quote if parsed.shell else (lambda text: text)
     name = canonical(change.name)
-    uses = [u for u in parsed.flags if u.name == name or (is_boolean(name) and u.name == "--no-" + name[2:])]
+    # A removal takes away the spelling it names (the one vLLM refused); a new value goes to the
+    # flag however the manifest spells it, aliases included.
+    matches = (lambda n: n == name) if change.after is None else (lambda n: same_flag(n, name))
+    uses = [u for u in parsed.flags if matches(u.name) or (is_boolean(name) and u.name == "--no-" + name[2:])]
     for use in uses[:-1]:  # duplicates collapse to the last one
         _remove_use(use, parsed, edits.argv, edits.spans)
     if not uses:

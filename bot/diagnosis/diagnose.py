@@ -198,17 +198,37 @@ def _first_fix(book: Playbook, ctx: Context) -> FixResult:
                 result = None
             if result is None and spec.optional:
                 continue
-            if result is None or not _within_bounds(result.after, spec.min, spec.max):
+            if result is None or not (result.changes or _within_bounds(result.after, spec.min, spec.max)):
                 break
             computed.append((spec, result))
         else:
             if not computed:
                 continue
-            changes = [Change(kind=spec.kind, name=spec.name, before=r.before, after=r.after) for spec, r in computed]
-            arithmetic = [f"Proposed: {c.name} {c.after}. {_sentence(r.arithmetic)}" if c.kind != "probe" else
-                          f"Proposed: a {c.name}. {_sentence(r.arithmetic)}" for c, (_, r) in zip(changes, computed)]
+            fitted, why = _in_release_spelling([c for spec, r in computed for c in (
+                r.changes or [Change(kind=spec.kind, name=spec.name, before=r.before, after=r.after)])], ctx)
+            if fitted is None:  # never propose a flag the running vLLM release does not have
+                reasons.append(why)
+                continue
+            changes: list[Change] = []
+            arithmetic: list[str] = []
+            for _, r in computed:
+                if r.changes:  # a placeholder name: the formula named the changes itself
+                    changes.extend(fitted[len(changes):len(changes) + len(r.changes)])
+                    arithmetic.append(f"Proposed: {_sentence(r.arithmetic)}")
+                    continue
+                c = fitted[len(changes)]
+                changes.append(c)
+                arithmetic.append(f"Proposed: {c.name} {c.after}. {_sentence(r.arithmetic)}" if c.kind != "probe" else
+                                  f"Proposed: a {c.name}. {_sentence(r.arithmetic)}")
             return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution], ""
     return [], reasons, None, [], advice
+
+
+def _in_release_spelling(changes: list[Change], ctx: Context) -> tuple[list[Change] | None, str]:
+    from bot.diagnosis.flag_drift import fit_to_release
+
+    container = ctx.pod.container
+    return fit_to_release(changes, ctx.signals.get("vllm_version"), container.image if container else None)
 
 
 def _sentence(text: str) -> str:

@@ -58,6 +58,8 @@ def pulls(change: Change, lever: Lever) -> bool:
         return False
     if lever.direction == "set":
         return change.after is not None
+    if lever.direction == "remove":
+        return change.after is None
     before, after = _number(change.before), _number(change.after)
     if after is None:
         return False

@@ -24,7 +24,7 @@ from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.evidence import format_gib_quantity, parse_quantity, pick_container
 from bot.diagnosis.levers import MARGIN_GIB, MemoryModel
 from bot.diagnosis.logfacts import LogFacts
-from bot.diagnosis.models import NodeView, PodView
+from bot.diagnosis.models import Change, NodeView, PodView
 from bot.diagnosis.signals import Signals, gib
 
 
@@ -54,6 +54,9 @@ class Computed:
     before: str | None
     arithmetic: str
     caution: str | None = None  # the value is right by the numbers but may not be enough on its own
+    # For a change whose playbook name is a placeholder ({unrecognized_flags}): the changes the
+    # formula found the names of in the evidence; they replace the one change `after` would make.
+    changes: tuple[Change, ...] = ()
 
 
 class NoSafeChange(Exception):
@@ -873,3 +876,7 @@ def constant(ctx: Context, *, value: str, reason: str) -> Computed | None:
     if before is not None and _same_value(before, value):
         return None
     return Computed(after=value, before=before, arithmetic=reason.strip().rstrip(".") + ".")
+
+
+# Formulas kept in their own modules register themselves on import.
+from bot.diagnosis import flag_drift  # noqa: E402,F401  (drop_unrecognized_flags)

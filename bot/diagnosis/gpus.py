@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from bot.diagnosis.evidence import pick_container
+from bot.diagnosis.models import revised
 
 MemorySource = Literal["log", "node label", "MIG profile", "catalogue", "unknown"]
 ComputeSource = Literal["node label", "catalogue", "GPU family", "unknown"]
@@ -205,7 +206,7 @@ def gpu_grant(pod: dict[str, Any] | None, node: dict[str, Any] | None, container
     else:
         grant = _nvidia_grant(resource, granted, labels, allocatable)
     if log_total_gib:
-        grant = grant.model_copy(update={"memory_gib": round(float(log_total_gib), 2), "memory_source": "log"})
+        grant = revised(grant, memory_gib=round(float(log_total_gib), 2), memory_source="log")
     return grant
 
 

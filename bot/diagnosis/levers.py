@@ -20,6 +20,7 @@ from bot.diagnosis.catalogue import ModelSpec, resolve_model
 from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.gpus import GpuGrant, fp8_weights, gpu_grant
 from bot.diagnosis.logfacts import LogFacts
+from bot.diagnosis.models import revised
 from bot.diagnosis.signals import Signals
 
 MARGIN_GIB = 0.5  # a lever is proposed only when every stage keeps at least this much free
@@ -43,7 +44,7 @@ class MemoryModel:
     considered: list[Considered] = field(default_factory=list)
 
     def fit(self, **update: Any) -> Fit:
-        return self.budget.fits(self.ran.model_copy(update=update))
+        return self.budget.fits(revised(self.ran, **update))
 
     def baseline(self) -> Fit:
         return self.budget.fits(self.ran)
@@ -292,10 +293,10 @@ def what_fits(model: MemoryModel) -> list[tuple[str, Fit]]:
         tp = 1
         while tp * pp <= min(node, 8):
             rows.append((f"TP {tp}, limits.nvidia.com/gpu {tp * pp}",
-                         model.budget.fits(config.model_copy(update={"tensor_parallel_size": tp, "gpu_count": tp * pp}))))
+                         model.budget.fits(revised(config, tensor_parallel_size=tp, gpu_count=tp * pp))))
             tp *= 2
         return rows
     for util in (0.85, 0.90, 0.95):
-        fit = model.budget.fits(config.model_copy(update={"gpu_memory_utilization": util}))
+        fit = model.budget.fits(revised(config, gpu_memory_utilization=util))
         rows.append((f"--gpu-memory-utilization {util:.2f}", fit))
     return rows

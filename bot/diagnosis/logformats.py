@@ -94,6 +94,7 @@ CONFIG_FACTS = tuple(dict.fromkeys("config_" + name for name, _ in CONFIG_KEYS.v
 # Memory is GiB unless the name says MiB; token counts are plain ints.
 FACTS: dict[str, str] = {
     "vllm_version": "the vLLM version the log prints",
+    "unrecognized_flags": "the words argparse refused at start-up ('error: unrecognized arguments: --a --b')",
     "weights_gib": "memory the model weights took on one GPU (largest worker)",
     "weights_loaded": "the weights finished loading",
     "total_gpu_gib": "one GPU's total memory, as vLLM measured it",
@@ -386,9 +387,31 @@ FORMATS: tuple[LogFormat, ...] = (
         "version", r"(?:LLM engine \(v|vLLM API server version |vLLM version |vllm version )v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
         literals=("LLM engine (v", "version "),
         puts=(number(0, "vllm_version", version_text),),
-        versions="seen in 0.6.6 and 0.11.0 (wheels read); exact range unknown",
+        versions="wheels 0.6.0-0.33.0 read: 'Initializing an LLM engine (v%s)' 0.6.0-0.6.6, 'Initializing a V0/V1 "
+                 "LLM engine (v%s)' 0.7.3-0.10.2 (V0) / 0.7.3-0.33.0 (V1); 'vLLM API server version %s' 0.6.0-0.24.0",
         source="vllm/engine/llm_engine.py, vllm/v1/engine/core.py 'Initializing an [V1] LLM engine (v%s) with config'; "
                "vllm/entrypoints/openai/api_server.py 'vLLM API server version %s'"),
+    LogFormat(
+        "version_server", r"(?:vLLM server version |Launching vLLM \(v|▀▄▀ █(?:\x1b\[[0-9;]*m)?\s+version\s+"
+                          r"(?:\x1b\[[0-9;]*m)?)v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
+        literals=("vLLM server version ", "Launching vLLM (v", "▀▄▀"),
+        puts=(number(0, "vllm_version", version_text),),
+        versions="wheels 0.6.0-0.33.0 read: 'vLLM API server version %s' 0.6.0-0.24.0 (the 'version' declaration "
+                 "above); 'vLLM server version %s, serving model %s' (VLLM_DISABLE_LOG_LOGO or no formatter), else "
+                 "the logo's second line '... ▀▄▀ █  version %s' (bold with the color formatter), 0.15.1-0.33.0; "
+                 "'Launching vLLM (v%s) headless multiproc executor' 0.11.2-0.33.0",
+        source="vllm/entrypoints/serve/utils/api_utils.py log_version_and_model; vllm/entrypoints/cli/serve.py"),
+    LogFormat(
+        # argparse's own message, the same in every release: vLLM exits 2 before it logs a version.
+        # The prefix is the parser's prog: 'api_server.py' for `python -m vllm.entrypoints.openai.api_server`,
+        # 'vllm' for `vllm serve` (unknown words bubble up from the serve subparser to the top parser).
+        "unrecognized_arguments", r"(?:^|\s)[\w./-]+(?: serve)?: error: unrecognized arguments: (.*\S)",
+        literals=("error: unrecognized arguments: ",),
+        puts=(number(0, "unrecognized_flags", str, keep="last"),),
+        versions="any (Python argparse; vLLM 0.6.0-0.33.0 read: FlexibleArgumentParser.error adds a --task hint "
+                 "on the following lines from 0.33.0)",
+        source="Python argparse ArgumentParser.parse_args -> error(); vllm/utils/argparse_utils.py "
+               "FlexibleArgumentParser (vllm/utils.py before 0.11)"),
     LogFormat(
         "engine_config", r"(?:with config|non-default args)[:=]?\s*(.*)$",
         literals=("with config", "non-default args"),

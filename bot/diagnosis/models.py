@@ -7,11 +7,24 @@ Everything here is plain data; the functions that produce it live in their own m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 ChangeKind = Literal["flag", "env", "volume", "resources", "probe"]
+M = TypeVar("M", bound=BaseModel)
+
+
+def revised(record: M, **changes: Any) -> M:
+    """`record` with `changes`, validated as a new record: a misspelled field or a value of the
+    wrong type raises (pydantic's `model_copy(update=...)` checks neither). The one way the bot
+    edits a record; nested records are taken as they are (they were validated when made)."""
+    fields = type(record).model_fields
+    unknown = changes.keys() - fields.keys()
+    if unknown:
+        raise TypeError(f"{type(record).__name__} has no field {', '.join(sorted(unknown))}")
+    return type(record).model_validate({**{name: getattr(record, name) for name in fields}, **changes},
+                                       by_name=True)
 
 
 class Frozen(BaseModel):

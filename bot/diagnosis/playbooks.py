@@ -5,8 +5,14 @@ it is (priority: the stage where vLLM died beats boilerplate hints), how to expl
 which changes it may propose. The values of those changes come from named formulas in
 `bot.diagnosis.formulas` (with their `params:`); the YAML names them, so a typo is caught at
 load with the file and field. So are unknown signals (in `when`, `evidence` and explanation
-placeholders), vLLM flags not in vllm_flags.yaml, unknown VLLM_/PYTORCH_ variables and
-resource names Kubernetes would not take.
+placeholders), vLLM flags no release from 0.6 on has (data/vllm_flag_history.yaml, read from
+the wheels), unknown VLLM_/PYTORCH_ variables (vllm_flags.yaml) and resource names Kubernetes
+would not take.
+
+A flag change's name may be a placeholder, `{signal}`, when the flags come from the evidence
+(the refused flags of an "unrecognized arguments" crash): its formula then names the changes
+itself, and the playbook allows exactly those: removing a flag, or setting one some vLLM
+release accepts.
 
 Condition grammar (a list means: all must hold):
     - log: 'regex'            a line of the log matches (the regex must hold a literal of 4+
@@ -144,17 +150,24 @@ def template_signals(template: str) -> list[str]:
 
 @dataclass(frozen=True)
 class VllmNames:
-    flags: dict[str, dict[str, str]]  # flag -> {since, until} where known
+    flags: dict[str, dict[str, str]]  # flag -> {since, until}: first and last release read that has it
     env: frozenset[str]  # VLLM_* variables vLLM reads
     pytorch_env: frozenset[str]  # PYTORCH_* variables PyTorch reads
 
 
 @lru_cache(maxsize=1)
 def vllm_names() -> VllmNames:
-    """vLLM's flags and environment variables, from the data file shipped with the package."""
+    """vLLM's flags (the per-release table, one source of truth) and environment variables."""
+    from bot.diagnosis.vllm_versions import TABLE
+
+    table = TABLE()
+    newest = table.releases[-1]
+    flags = {}
+    for name, history in table.flags.items():
+        last = history.ranges[-1][1]
+        flags[name] = {"since": history.first, **({"until": last} if last != newest else {})}
     doc = yaml.safe_load(VLLM_NAMES_FILE.read_text(encoding="utf-8"))
-    return VllmNames(flags={k: dict(v or {}) for k, v in doc["flags"].items()}, env=frozenset(doc["env"]),
-                     pytorch_env=frozenset(doc["pytorch_env"]))
+    return VllmNames(flags=flags, env=frozenset(doc["env"]), pytorch_env=frozenset(doc["pytorch_env"]))
 
 
 _CORE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
@@ -164,13 +177,26 @@ _PROBE_FIELDS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "fail
                  "terminationGracePeriodSeconds")
 
 
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
+
+
+def placeholder(name: str) -> str | None:
+    """The signal a `{signal}` change name stands for, or None for a plain name."""
+    m = _PLACEHOLDER.fullmatch(name)
+    return m.group(1) if m else None
+
+
 def check_flag(name: str) -> None:
+    signal = placeholder(name)
+    if signal is not None:
+        known_signal(signal)
+        return
     if not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", name):
         raise ValueError(f"flag name {name!r} must be in --dash-form")
     flags = vllm_names().flags
     if name not in flags:
-        raise ValueError(f"{name!r} is not a vLLM flag{_close(name, flags)} (the known flags are in "
-                         f"bot/diagnosis/{VLLM_NAMES_FILE.name})")
+        raise ValueError(f"{name!r} is not a vLLM flag{_close(name, flags)} (no release read has it: the known "
+                         "flags are in bot/diagnosis/data/vllm_flag_history.yaml)")
 
 
 def check_env(name: str) -> None:
@@ -259,6 +285,8 @@ class ChangeSpec(Strict):
     def known_name(cls, v: str, info: ValidationInfo) -> str:
         kind = info.data.get("kind")
         if kind is not None:
+            if placeholder(v) is not None and kind != "flag":
+                raise ValueError(f"only a flag change may name a {{placeholder}}, not a {kind} change")
             NAME_CHECKS[kind](v)
         return v
 
@@ -329,6 +357,23 @@ class Playbook(Strict):
     def allowed(self) -> set[tuple[str, str]]:
         """(kind, name) pairs this playbook may change: nothing else is ever applied."""
         return {(c.kind, c.name) for f in self.fixes for c in f.changes}
+
+    def allows(self, change: Any) -> bool:
+        """Whether this playbook may make `change` (a Change): a name it declares, or, under a
+        `{placeholder}` flag name, removing a flag or setting one that some vLLM release accepts."""
+        allowed = self.allowed()
+        if (change.kind, change.name) in allowed:
+            return True
+        if change.kind == "flag" and change.after is not None:
+            from bot.diagnosis.vllm_versions import TABLE
+
+            # the running release's spelling of a declared flag (a rename, an alias)
+            if any(change.name in TABLE().spellings(name) for kind, name in allowed if kind == "flag"):
+                return True
+        if change.kind != "flag" or not any(placeholder(c.name) for f in self.fixes for c in f.changes
+                                            if c.kind == "flag"):
+            return False
+        return change.after is None or change.name in vllm_names().flags
 
 
 def _close(name: str, known: Any) -> str:

@@ -118,6 +118,10 @@ def _keeps_value(name: str, value: str) -> bool:
         return True
     if value.lstrip("'\"").startswith("$"):
         return True  # a reference to a variable, not the secret itself
+    # argparse's usage line, which vLLM prints when it refuses a flag: `[--api-key API_KEY]`
+    # (the metavar is the flag's own name) and `[--allow-credentials | --no-allow-credentials]`
+    if value == "|" or value == "_".join(name_parts(name)).upper():
+        return True
     # `max_prompt_adapter_token=0`, `128 KiB/token = 4.00 GiB`: a count or a size, not a token
     return name_parts(name)[-1:] == ["token"] and re.fullmatch(r"\d{1,9}(?:\.\d{1,4})?", bare) is not None
 

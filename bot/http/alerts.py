@@ -1,5 +1,5 @@
 """`POST /alerts`: Alertmanager's webhook (version 4) parsed, authenticated and validated, and
-its alerts handed to the work queue folded per workload (see executor.py). Answers at once: a
+its alerts handed to the work queue folded per workload (bot/app/work.py). Answers at once: a
 webhook that waited for a diagnosis would time out and be re-sent. A valid batch is accepted
 whole; only a bot that is far behind (executor.max_pending_alerts) answers 503, which
 Alertmanager retries. Every refusal is counted by reason (vllm_oncall_http_rejected)."""
@@ -19,7 +19,7 @@ from bot.app.metrics import Metrics
 from bot.app.records import AlertTarget
 from bot.app.router import ClusterRouter, UnknownCluster
 from bot.app.service import OncallService
-from bot.http.executor import InlineExecutor, Work, WorkQueue
+from bot.app.work import InlineExecutor, Work, WorkQueue, fold_key
 from bot.http.wire import printable
 
 log = logging.getLogger(__name__)
@@ -28,15 +28,6 @@ MAX_JSON_DEPTH = 32
 # message or an API path (a newline or a `<!channel>` in a label is not a pod).
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes uses for generated name suffixes
-_GENERATED_SUFFIX = re.compile(rf"-(?:[{_CHARS}]{{1,10}}-[{_CHARS}]{{5}}|[{_CHARS}]{{5}}|[0-9]{{1,5}})$")
-
-
-def workload_key(namespace: str, pod: str) -> str:
-    """The workload a pod most likely belongs to, from the name Kubernetes generated for it:
-    `<deployment>-<template-hash>-<5 chars>`, `<statefulset>-<ordinal>`, `<owner>-<5 chars>`.
-    Only a folding key: the service resolves the real owner from the pod itself."""
-    return f"{namespace}/{_GENERATED_SUFFIX.sub('', pod) or pod}"
 
 
 class JSONError(ValueError):
@@ -162,8 +153,7 @@ class AlertIntake:
                 skipped.append({"index": index, "reason": reason})
                 self.metrics.alerts_skipped.labels(reason.split(":")[0]).inc()
                 continue
-            cluster = f"{target.cluster}/" if target.cluster else ""  # the same pod in two clusters is two pods
-            works.append(Work(cluster + workload_key(target.namespace, target.pod),
+            works.append(Work(fold_key(target.namespace, target.pod, target.cluster),
                               (target.cluster, target.namespace, target.pod, target.container), target))
         return works, skipped
 

@@ -21,12 +21,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot.app.router import ClusterRouter
 from bot.app.service import OncallService
+from bot.app.work import WorkQueue
 from bot.http.alerts import AlertIntake
-from bot.http.executor import WorkQueue
 from bot.http.wire import Closed, Limits, Rejected, Request, printable, read_request, response_bytes
 
 log = logging.getLogger(__name__)
-MAX_BODY = Limits.max_body_bytes
 HANDLER_THREADS = 8
 
 
@@ -90,16 +89,19 @@ class Response:
 
 
 class BotServer:
-    def __init__(self, service: OncallService | ClusterRouter, *, alert_token: str | None = None,
-                 alertnames: tuple[str, ...] | list[str] = ("KubePodCrashLooping",), workers: int = 4,
-                 queue_size: int = 100, bolt_app: Any = None, readiness_checks: dict[str, Callable[[], Any]] | None = None,
+    def __init__(self, service: OncallService | ClusterRouter, *, work: WorkQueue | None = None,
+                 alert_token: str | None = None, alertnames: tuple[str, ...] | list[str] = ("KubePodCrashLooping",),
+                 bolt_app: Any = None, readiness_checks: dict[str, Callable[[], Any]] | None = None,
                  host: str = "127.0.0.1", port: int = 0, sweep_interval: float = 30, limits: Limits | None = None,
-                 max_pending_alerts: int = 100_000, cluster_label: str = "cluster"):
+                 cluster_label: str = "cluster"):
+        """`work`: the one work queue (bot.app.work), which `serve` shares with the pod watches;
+        None: a queue of its own with serve's defaults (4 workers, 100 work items)."""
         self.router = ClusterRouter.of(service)  # one cluster or several (bot.app.router)
         self.service = self.router.default
         self.metrics = self.router.metrics
         self.limits = limits or Limits()
-        self.executor = WorkQueue(workers, queue_size, max_pending_alerts)
+        # The one work queue: the alerts' and, when `serve` shares it with them, the pod watches'.
+        self.executor = work if work is not None else WorkQueue(workers=4, queue_size=100)
         # Rollout verification can take many minutes: keep it off the alert workers.
         self.followups = ThreadPoolExecutor(max_workers=2, thread_name_prefix="followup")
         for each in self.router:

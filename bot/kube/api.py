@@ -29,7 +29,7 @@ from bot.kube.errors import (
     KubeUnavailable,
     PreviousLogGone,
 )
-from bot.kube.retry import RetryPolicy, is_transient
+from bot.kube.retry import RetryPolicy, is_transient, retry_after_seconds, transient_reason
 
 log = logging.getLogger("bot.kube")
 
@@ -142,7 +142,8 @@ class KubeApi:
             return json.loads(data) if data else None
 
         try:
-            return (retry or self.retry).call(f"{verb} {resource}", once)
+            return (retry or self.retry).run(once, api="kubernetes", call=f"{verb} {resource}",
+                                             reason_of=transient_reason, retry_after_of=retry_after_seconds)
         except ApiException as exc:
             raise typed_error(exc, verb, resource, namespace) from None  # the message says it all
         except Exception as exc:

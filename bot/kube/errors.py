@@ -53,7 +53,7 @@ class KubeForbidden(KubeError, ClusterForbidden):
         where = f" in namespace {namespace}" if namespace else " at cluster scope"
         super().__init__(
             f"forbidden: the bot's service account may not {verb} {resource}{where} "
-            f"(add '{verb}' on '{resource}' to its Role/ClusterRole; see deploy/base/rbac.yaml). "
+            f"(add '{verb}' on '{resource}' to its Role/ClusterRole; deploy/README.md lists each permission by mode). "
             f"API said: {server_message}", status=403, reason="Forbidden", server_message=server_message)
 
 

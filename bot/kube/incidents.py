@@ -21,13 +21,28 @@ from bot.app.redaction import redacted_incident
 from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.kube.errors import KubeConflict, KubeNotFound
 
+# The record's keys for the incident's message, as every earlier version wrote them. Kept, so the
+# objects already in a cluster, and the replicas of an older version during a rolling upgrade,
+# read the same record (an older replica that missed the message would post it again).
+STORED_KEYS = {"chat_channel": "slack_channel", "message_id": "slack_ts"}
+
+
+def to_record(incident: Incident) -> dict[str, Any]:
+    record = incident.model_dump(mode="json", exclude={"name", "version"})
+    return {STORED_KEYS.get(key, key): value for key, value in record.items()}
+
+
+def from_record(record: dict[str, Any]) -> dict[str, Any]:
+    stored = {v: k for k, v in STORED_KEYS.items()}
+    return {stored.get(key, key): value for key, value in record.items()}
+
 
 def to_custom_object(incident: Incident, redactor: Redactor = DEFAULT) -> dict[str, Any]:
     """The VLLMIncident object. The top-level spec fields state/cause/approver/change are what
     `kubectl get vllmincidents` prints; `record` is the full incident, redacted (see
     bot.app.redaction: secrets never go into the object, the apply path re-derives them)."""
     incident = redacted_incident(incident, redactor)
-    record = incident.model_dump(mode="json", exclude={"name", "version"})
+    record = to_record(incident)
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
@@ -50,7 +65,7 @@ def to_custom_object(incident: Incident, redactor: Redactor = DEFAULT) -> dict[s
 
 def from_custom_object(obj: dict[str, Any]) -> Incident:
     meta = obj.get("metadata") or {}
-    record = json.loads((obj.get("spec") or {})["record"])
+    record = from_record(json.loads((obj.get("spec") or {})["record"]))
     return Incident.model_validate({**record, "name": meta["name"], "version": meta.get("resourceVersion")})
 
 

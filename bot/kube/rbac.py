@@ -1,6 +1,6 @@
 """Every Kubernetes permission the bot uses, in one place.
 
-deploy/base/rbac.yaml grants exactly these; tests/kube/test_rbac.py checks both that the manifests match
+deploy/ (kustomize: base + overlays/approve; Helm: deploy/chart) grants exactly these; tests/kube/test_rbac.py checks both that the manifests match
 this list and that every call the code makes against the API stand-in is in it.
 """
 
@@ -21,6 +21,21 @@ REQUIRED: list[tuple[str, str, tuple[str, ...]]] = [
 ]
 
 
+# What only approve mode uses: the approved patch (and its server-side dry run), the audit Event on
+# the patched workload, and verification's requests to the new pod through pods/proxy. A
+# proposals-only install grants REQUIRED minus these: reads, and the bot's own VLLMIncident records.
+APPROVE_ONLY: frozenset[tuple[str, str, str]] = frozenset({
+    ("patch", "apps", "deployments"), ("patch", "apps", "statefulsets"),
+    ("create", "", "events"),
+    ("get", "", "pods/proxy"), ("create", "", "pods/proxy"),
+})
+
+
 def required_set() -> set[tuple[str, str, str]]:
     """{(verb, apiGroup, resource)} for comparisons."""
     return {(verb, group, resource) for group, resource, verbs in REQUIRED for verb in verbs}
+
+
+def proposals_only_set() -> set[tuple[str, str, str]]:
+    """{(verb, apiGroup, resource)} a proposals-only install grants."""
+    return required_set() - APPROVE_ONLY

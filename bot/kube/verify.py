@@ -1,5 +1,7 @@
-"""Follow a rollout after a change: a new pod Ready (report vLLM's own KV-cache figures) or a new crash
-(diagnose it again). Polling, not watches: simple, and the poll interval is configurable.
+"""Follow a rollout after a change: poll the new pods and read their logs and answers. What they
+mean (Ready, crashed, timed out; the KV-cache line; a completion; a soak) is decided in
+bot.app.verdict, and a crashed pod is diagnosed by the diagnoser the caller passes in. Polling,
+not watches: simple, and the poll interval is configurable.
 
 "New pods" are the pods of the workload's current template: for a Deployment, the pods of the
 ReplicaSet whose template is the Deployment's (what `kubectl rollout status` follows); for a
@@ -15,9 +17,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from bot.app.records import CompletionCheck, Verification
-from bot.diagnosis.diagnose import diagnose as default_diagnose
-from bot.diagnosis.logfacts import PATTERNS
+from bot.app import verdict
+from bot.app.records import CompletionCheck, PodState, Verification
+from bot.app.verdict import Diagnoser
+from bot.diagnosis.models import DiagnosisResult
 from bot.kube.api import KubeApi
 from bot.kube.collect import age_key, collect, read_head_and_tail
 from bot.kube.errors import KubeError
@@ -27,60 +30,9 @@ from bot.remedy.models import WorkloadRef
 
 log = logging.getLogger("bot.kube")
 
-CRASH_REASONS = {"CrashLoopBackOff", "Error", "OOMKilled", "ContainerCannotRun", "StartError",
-                 "CreateContainerError", "RunContainerError"}
-
-
-def kv_figures(log_text: str) -> tuple[str | None, str | None]:
-    """vLLM's own KV-cache line(s) and maximum-concurrency line from a log (last occurrence wins).
-
-    The formats are the diagnosis core's (bot.logfacts): one definition of what vLLM prints.
-    """
-    def last(*names: str) -> str | None:
-        found = [m for name in names for m in PATTERNS[name].finditer(log_text)]
-        return max(found, key=lambda m: m.start()).group(0) if found else None
-
-    # Prefer the token count; add the memory line when vLLM printed both.
-    parts = [p for p in (last("kv_tokens", "gpu_blocks"), last("available_kv")) if p]
-    return ("; ".join(parts) or None), last("concurrency")
-
-
 def selector_string(workload: dict[str, Any]) -> str:
     labels = (((workload.get("spec") or {}).get("selector") or {}).get("matchLabels")) or {}
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-
-
-def pod_state(pod: dict[str, Any], container: str) -> str:
-    """"ready", "crashed", or "pending" for one pod."""
-    status = pod.get("status") or {}
-    if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
-        return "ready"
-    for cs in status.get("containerStatuses") or []:
-        if cs.get("name") != container:
-            continue
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        terminated = (cs.get("state") or {}).get("terminated") or {}
-        last = (cs.get("lastState") or {}).get("terminated") or {}
-        if waiting.get("reason") in CRASH_REASONS:
-            return "crashed"
-        if terminated and terminated.get("exitCode", 0) != 0:
-            return "crashed"
-        if last and int(cs.get("restartCount") or 0) > 0:
-            return "crashed"
-    return "pending"
-
-
-def why_not_ready(pod: dict[str, Any], container: str) -> str:
-    """What a pending pod waits for: unschedulable (e.g. not enough nvidia.com/gpu), image pull, loading."""
-    status = pod.get("status") or {}
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return f"not scheduled: {cond.get('message') or cond.get('reason')}"
-    for cs in status.get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if cs.get("name") == container and waiting:
-            return f"waiting: {waiting.get('reason')}"
-    return f"{status.get('phase', 'Pending')}, not Ready yet"
 
 
 def current_replicaset(api: KubeApi, workload: dict[str, Any]) -> dict[str, Any] | None:
@@ -143,35 +95,28 @@ def contains(actual: Any, expected: Any) -> bool:
     return actual == expected or (actual is not None and str(actual) == str(expected))
 
 
-def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, poll_seconds: float = 5.0,
-                   diagnose: Callable[..., Any] | None = None, clock: Callable[[], float] = time.monotonic,
+def follow_rollout(api: KubeApi, ref: WorkloadRef, timeout_seconds: float, diagnose: Diagnoser | None,
+                   poll_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> Verification:
+    """Poll the workload's new pods until one is Ready or crashed, or the time is up; the verdict
+    is bot.app.verdict's. A crashed pod's evidence goes to `diagnose` (the caller's), if given."""
     if ref.kind not in ("Deployment", "StatefulSet"):
-        return Verification(outcome="unknown", message=f"{ref.kind} {ref.name}: no rollout to follow")
+        return verdict.no_rollout(ref.kind, ref.name)
     deadline = clock() + timeout_seconds
     while True:
         workload = api.get_workload(ref.kind, ref.namespace, ref.name)
         pods, replicaset = new_pods(api, workload, ref.container)
         where = f" (ReplicaSet {replicaset})" if replicaset else ""
-        for pod in pods:
-            state = pod_state(pod, ref.container)
-            name = pod["metadata"]["name"]
-            if state == "ready":
+        settled = verdict.settled_pod(pods, ref.container)
+        if settled is not None:
+            name, state = settled
+            if state is PodState.READY:
                 text = read_head_and_tail(api, ref.namespace, name, ref.container, previous=False).text or ""
-                kv, conc = kv_figures(text)
-                figures = "; ".join(x for x in (kv, conc) if x) or "vLLM printed no KV-cache figures"
-                return Verification(outcome="ready", pod=name, kv_cache_line=kv, concurrency_line=conc,
-                                    message=f"new pod {name}{where} is Ready: {figures}")
-            if state == "crashed":
-                evidence = collect(api, ref.namespace, name, ref.container)
-                result = (diagnose or default_diagnose)(evidence)
-                return Verification(outcome="crashed", pod=name, diagnosis=result,
-                                    message=f"new pod {name}{where} crashed again: {result.title}")
+                return verdict.ready(name, where, text)
+            diagnosis = diagnose(collect(api, ref.namespace, name, ref.container)) if diagnose else None
+            return verdict.crashed(name, where, diagnosis)
         if clock() >= deadline:
-            seen = ", ".join(f"{p['metadata']['name']}: {why_not_ready(p, ref.container)}" for p in pods) \
-                or "no new pod yet"
-            return Verification(outcome="timeout", message=f"{ref.kind} {ref.name}: neither Ready nor crashed "
-                                f"after {timeout_seconds:g}s ({seen}); vLLM can take many minutes to load")
+            return verdict.timed_out(ref.kind, ref.name, timeout_seconds, pods, ref.container)
         sleep(poll_seconds)
 
 
@@ -211,11 +156,11 @@ class ServingChecks:
     on pods/proxy, nothing else); via="pod-ip": straight to status.podIP (the bot's pod must be
     allowed to reach it, NetworkPolicies permitting)."""
 
-    def __init__(self, api: KubeApi, via: str = "proxy", diagnose: Callable[..., Any] | None = None,
+    def __init__(self, api: KubeApi, via: str = "proxy", diagnose: Diagnoser | None = None,
                  poll_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, prometheus: Prometheus | None = None):
         self.api, self.via, self.prometheus = api, via, prometheus
-        self._diagnose = diagnose or default_diagnose
+        self._diagnose = diagnose  # only for callers that pass none to ask/soak (bot.app.rollout passes its own)
         self.poll_seconds, self.clock, self.sleep = poll_seconds, clock, sleep
 
     def _request(self, pod: dict[str, Any], container: str, method: str, path: str,
@@ -227,7 +172,8 @@ class ServingChecks:
 
         return proxy_pod(self.api, meta["namespace"], meta["name"], port, method, path, body, timeout)
 
-    def ask(self, workload: WorkloadRef, pod_name: str, timeout_seconds: float) -> CompletionCheck:
+    def ask(self, workload: WorkloadRef, pod_name: str, timeout_seconds: float,
+            diagnose: Diagnoser | None = None) -> CompletionCheck:
         """POST /v1/completions (a short prompt, max_tokens 16) to the new pod; latency and tokens.
         An error or no answer in time is a failed check, re-diagnosed from the pod's log."""
         pod = self.api.get_pod(workload.namespace, pod_name)
@@ -241,46 +187,39 @@ class ServingChecks:
             code, text = self._request(pod, workload.container, "POST", "/v1/completions", body, timeout_seconds)
             latency = self.clock() - started
         except TimeoutError:
-            return self._failed(workload, pod_name, model, f"no answer to a completion request within "
-                                f"{timeout_seconds:g} s")
+            why = f"no answer to a completion request within {timeout_seconds:g} s"
         except Exception as exc:
-            return self._failed(workload, pod_name, model, f"the completion request failed: {exc}")
-        if code != 200:
-            return self._failed(workload, pod_name, model, f"the completion request got HTTP {code}: "
-                                f"{_error_text(text)}")
-        answer = json.loads(text)
-        tokens = ((answer.get("usage") or {}).get("completion_tokens"))
-        return CompletionCheck(ok=True, model=model, latency_seconds=round(latency, 3), tokens=tokens,
-                               message=f"a completion request to {pod_name} (model {model}) returned "
-                                       f"{tokens} tokens in {latency:.2f} s")
+            why = f"the completion request failed: {exc}"
+        else:
+            answered = verdict.completion_answered(pod_name, model, code, text, latency)
+            if isinstance(answered, CompletionCheck):
+                return answered
+            why = answered
+        return verdict.completion_failed(model, why, self._rediagnosed(workload, pod_name, diagnose))
 
-    def _failed(self, workload: WorkloadRef, pod_name: str, model: str | None, why: str) -> CompletionCheck:
+    def _rediagnosed(self, workload: WorkloadRef, pod_name: str, diagnose: Diagnoser | None) -> DiagnosisResult | None:
+        diagnose = diagnose or self._diagnose
+        if diagnose is None:
+            return None
         try:
-            evidence = collect(self.api, workload.namespace, pod_name, workload.container)
-            diagnosis = self._diagnose(evidence)
+            return diagnose(collect(self.api, workload.namespace, pod_name, workload.container))
         except Exception as exc:  # the pod may be gone too: the failure is still the news
             log.warning("could not re-diagnose %s after a failed request: %s", pod_name, exc)
-            diagnosis = None
-        return CompletionCheck(ok=False, model=model, message=why, diagnosis=diagnosis)
+            return None
 
-    def soak(self, workload: WorkloadRef, pod_name: str, seconds: float) -> Verification:
-        """Watch the new pod for `seconds`: "ready" if it neither restarted nor crashed, else
-        "crashed" with the crash diagnosed."""
+    def soak(self, workload: WorkloadRef, pod_name: str, seconds: float, diagnose: Diagnoser) -> Verification:
+        """Watch the new pod for `seconds`: Ready if it neither restarted nor crashed, else
+        crashed, with the crash diagnosed by `diagnose` (bot.app.verdict says which)."""
         start = self.api.get_pod(workload.namespace, pod_name)
-        restarts = _restarts(start, workload.container)
         deadline = self.clock() + seconds
         while True:
             pod = self.api.get_pod(workload.namespace, pod_name)
-            if _restarts(pod, workload.container) > restarts or pod_state(pod, workload.container) == "crashed":
+            if verdict.broke_during_soak(start, pod, workload.container):
                 evidence = collect(self.api, workload.namespace, pod_name, workload.container)
-                result = self._diagnose(evidence)
-                return Verification(outcome="crashed", pod=pod_name, diagnosis=result,
-                                    message=f"{pod_name} crashed during the soak: {result.title}")
+                return verdict.soak_crashed(pod_name, diagnose(evidence))
             if self.clock() >= deadline:
-                return Verification(outcome="ready", pod=pod_name,
-                                    message=f"{pod_name}: no restart and no crash in {seconds:g} s")
+                return verdict.soak_clean(pod_name, seconds)
             self.sleep(min(self.poll_seconds, max(0.0, deadline - self.clock())))
-
 
     def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> str:
         """Step 5: the pod's GPU memory over the window from Prometheus, or why it is absent."""
@@ -296,21 +235,6 @@ class ServingChecks:
             return (f"GPU memory over the soak: not measured (Prometheus has no {USED} series for pod {pod_name} "
                     f"or node {node}: is dcgm-exporter scraped?)")
         return "GPU memory over the soak:\n" + "\n".join(t.line() for t in trends)
-
-
-def _restarts(pod: dict[str, Any], container: str) -> int:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == container:
-            return int(cs.get("restartCount") or 0)
-    return 0
-
-
-def _error_text(text: str) -> str:
-    try:
-        doc = json.loads(text)
-        return str(doc.get("message") or doc.get("detail") or text)[:300]
-    except (ValueError, AttributeError):
-        return text[:300]
 
 
 def _direct(url: str, method: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, str]:

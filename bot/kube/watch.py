@@ -25,8 +25,12 @@ is vLLM's when its image names vllm or its command line runs `vllm serve` / `vll
 with a label selector configured, every container of a selected pod counts.
 
 The first list only learns the current state (crashes before the bot started are the alert
-path's); terminations seen after it are reported. Each crash goes to `on_crash` on the watch's
-own worker thread (a bounded queue, one pending entry per container), never on the stream's.
+path's); terminations seen after it are reported. Each crash is submitted, as the alert it stands
+in for, to the one work queue the webhook's alerts go to (bot.app.work), folded per workload:
+at most one pending crash per workload (a later crash of the same workload replaces the waiting
+one: the collect reads the pod it names, and the incident is the workload's anyway), so a storm
+of 3,000 crashing pods over 750 workloads waits as 750 entries and none is dropped. The handler
+runs on the queue's workers, never on the stream's thread.
 
 Two replicas both watch and both report; only one posts: the incident's name is derived from
 (cluster, workload, cause) and creating it is a create-if-absent on the store (bot.app.intake),
@@ -38,7 +42,6 @@ create, and the create is already the step that must happen once.
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.app.records import AlertTarget
+from bot.app.work import InlineExecutor, Work, WorkQueue, fold_key
 from bot.kube.api import KubeApi
 from bot.kube.errors import KubeError
 
@@ -63,7 +67,6 @@ class WatchSettings:
     timeout_seconds: int = 300  # each watch request; then it resumes from its resourceVersion
     backoff_initial: float = 0.2
     backoff_max: float = 30.0
-    queue_size: int = 1000  # crashes waiting for on_crash; one per container at most
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,8 @@ class WatchStats:
     relists_after_gone: int = 0
     watches: int = 0
     reconnects: int = 0
-    crashes: int = 0
-    dropped_crashes: int = 0  # the queue was full
+    crashes: int = 0  # taken by the work queue (queued, folded or replacing a waiting one)
+    dropped_crashes: int = 0  # the work queue refused them: max_pending_alerts already waiting
     errors: list[str] = field(default_factory=list)  # the last few, for logs and tests
 
 
@@ -171,19 +174,20 @@ class Gone(Exception):
 
 
 class PodWatch:
-    """Watch pods; call `on_crash(Crash)` for each new vLLM container termination. start()/stop()."""
+    """Watch pods; submit each new vLLM container termination, as an AlertTarget for `handle`, to
+    the work queue `work`. `cluster`: the served cluster's name when several are served (the
+    router routes by it), else None. start()/stop()."""
 
-    def __init__(self, api: KubeApi, on_crash: Callable[[Crash], object], settings: WatchSettings | None = None,
-                 sleep: Callable[[float], object] | None = None):
-        self.api, self.on_crash = api, on_crash
+    def __init__(self, api: KubeApi, work: WorkQueue | InlineExecutor, handle: Callable[[AlertTarget], object],
+                 settings: WatchSettings | None = None, sleep: Callable[[float], object] | None = None,
+                 cluster: str | None = None):
+        self.api, self.work, self.handle, self.cluster = api, work, handle, cluster
         self.settings = settings or WatchSettings()
         self.state = PodState(all_containers=self.settings.label_selector is not None)
         self.stats = WatchStats()
         self._lock = threading.Lock()  # self.state is shared by the namespaces' threads
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
-        self._queue: queue.Queue[Crash] = queue.Queue(self.settings.queue_size)
-        self._pending: set[tuple[str, str, str]] = set()
         self._watches: list[Any] = []
         self._threads: list[threading.Thread] = []
 
@@ -193,7 +197,6 @@ class PodWatch:
         for ns in scopes:
             self._threads.append(threading.Thread(target=self._run, args=(ns,), daemon=True,
                                                   name=f"pod-watch-{ns or 'all'}"))
-        self._threads.append(threading.Thread(target=self._work, daemon=True, name="pod-watch-crashes"))
         for thread in self._threads:
             thread.start()
         return self
@@ -249,7 +252,7 @@ class PodWatch:
             self.state.keep_only(((p["metadata"].get("namespace", ""), p["metadata"].get("name", ""))
                                   for p in items), namespace)
         for crash in found:
-            self._enqueue(crash)
+            self._submit(crash)
         return rv
 
     def _follow(self, namespace: str | None, rv: str) -> tuple[str, bool]:
@@ -292,7 +295,7 @@ class PodWatch:
             elif kind in ("ADDED", "MODIFIED"):
                 found = self._observe(obj, report=True)
         for crash in found:
-            self._enqueue(crash)
+            self._submit(crash)
         return new_rv
 
     def _observe(self, pod: dict[str, Any], report: bool) -> list[Crash]:
@@ -303,39 +306,21 @@ class PodWatch:
                       finished_at=terminated.get("finishedAt"), detected_at=now)
                 for name, terminated in self.state.observe(pod, report)]
 
-    # -- the crashes, off the stream's thread
-    def _enqueue(self, crash: Crash) -> None:
-        key = (crash.namespace, crash.pod, crash.container)
-        with self._lock:
-            if key in self._pending:
-                return  # one pending per container: the collect reads its latest log anyway
-            self._pending.add(key)
-        try:
-            self._queue.put_nowait(crash)
-            self.stats.crashes += 1
-            log.info("pod watch: %s/%s container %s terminated (exit %s, %s)", crash.namespace, crash.pod,
-                     crash.container, crash.exit_code, crash.reason)
-        except queue.Full:
-            with self._lock:
-                self._pending.discard(key)
+    # -- the crashes: into the one work queue, folded per workload
+    def _submit(self, crash: Crash) -> None:
+        key = fold_key(crash.namespace, crash.pod, self.cluster)
+        # Identity = the fold key: one pending crash per workload, the latest replacing the one waiting.
+        admission = self.work.submit([Work(key, ("watch", key), as_alert(crash, self.cluster))], self.handle)
+        if admission is None:
             self.stats.dropped_crashes += 1
-            log.warning("pod watch: crash queue full, %s/%s left to the alert path", crash.namespace, crash.pod)
-
-    def _work(self) -> None:
-        while not self._stop.is_set():
-            try:
-                crash = self._queue.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            with self._lock:
-                self._pending.discard((crash.namespace, crash.pod, crash.container))
-            try:
-                self.on_crash(crash)
-            except Exception:
-                log.exception("handling the crash of %s/%s failed", crash.namespace, crash.pod)
+            log.warning("pod watch: the work queue is full, %s/%s left to the alert path", crash.namespace, crash.pod)
+            return
+        self.stats.crashes += 1
+        log.info("pod watch: %s/%s container %s terminated (exit %s, %s)", crash.namespace, crash.pod,
+                 crash.container, crash.exit_code, crash.reason)
 
 
-def as_alert(crash: Crash) -> AlertTarget:
+def as_alert(crash: Crash, cluster: str | None = None) -> AlertTarget:
     """The crash as the alert it stands in for: the same incident, the same thread."""
     return AlertTarget(namespace=crash.namespace, pod=crash.pod, container=crash.container,
-                       received_at=crash.detected_at)
+                       received_at=crash.detected_at, cluster=cluster)

@@ -21,11 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
-
 from bot.diagnosis.evidence import pod_view
-from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.diagnosis.models import DiagnosisResult, Evidence, revised
 from bot.diagnosis.redact import Redactor, redact
+from bot.llm.settings import LLMSettings
 
 log = logging.getLogger(__name__)
 MAX_CHARS = 700
@@ -33,36 +32,6 @@ SYSTEM = ("You explain a diagnosed vLLM start-up crash to an on-call engineer in
           "plain English. Use only facts and numbers present in the JSON you are given. Do not propose any other "
           "change, flag or command. Do not use Markdown.")
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
-
-
-class LLMSettings(BaseModel):
-    base_url: str
-    model: str
-    api_key: str = "not-needed"
-    timeout_seconds: float = Field(default=5.0, gt=0, le=120)
-    calls_per_hour: int = Field(default=60, ge=0)
-
-    @classmethod
-    def from_env(cls) -> LLMSettings | None:
-        """None unless VLLM_ONCALL_LLM_BASE_URL is set. ValueError (one line, naming the
-        variable) for a timeout or budget that is not a number."""
-        env = os.environ
-        base = env.get("VLLM_ONCALL_LLM_BASE_URL")
-        if not base:
-            return None
-        extra: dict[str, Any] = {}
-        for field, var in (("timeout_seconds", "VLLM_ONCALL_LLM_TIMEOUT_SECONDS"),
-                           ("calls_per_hour", "VLLM_ONCALL_LLM_CALLS_PER_HOUR")):
-            if env.get(var):
-                extra[field] = env[var]
-        try:
-            return cls(base_url=base, model=env.get("VLLM_ONCALL_LLM_MODEL", "default"),
-                       api_key=env.get("VLLM_ONCALL_LLM_API_KEY", "not-needed"), **extra)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            var = {"timeout_seconds": "VLLM_ONCALL_LLM_TIMEOUT_SECONDS",
-                   "calls_per_hour": "VLLM_ONCALL_LLM_CALLS_PER_HOUR"}.get(str(err["loc"][0]), str(err["loc"][0]))
-            raise ValueError(f"{var}: {err['msg']}") from None
 
 
 def _numbers(text: str) -> set[str]:
@@ -116,7 +85,7 @@ def with_llm_wording(settings: LLMSettings | None, playbooks: Any = None) -> Cal
         words = explain(result, settings)
         if not words:
             return result
-        return result.model_copy(update={"explanation": f"{result.explanation}\nIn plain words: {words}"})
+        return revised(result, explanation=f"{result.explanation}\nIn plain words: {words}")
 
     return diagnose_and_word
 

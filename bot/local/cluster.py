@@ -3,10 +3,11 @@
 - evidence: an evidence bundle folder (bot.evidence.load_bundle).
 - the workload: a manifest in the bundle (deployment.yaml, statefulset.yaml, workload.yaml), or
   one built from pod.yaml's owner (a ReplicaSet `<deployment>-<hash>` -> its Deployment).
-- apply: the same conditional JSON Patch as on a cluster, applied to a copy of that manifest under
-  `state_dir` (the bundle is never modified), with the same audit annotation; events go to
-  `state_dir/events.yaml`.
-- rollback: from the audit annotation on that copy, under the same conditional rule.
+- propose, apply, was-applied, rollback: decided by bot.app.workload_ops, as on a cluster; this
+  class only does their I/O (WorkloadIO): the workload is a copy of that manifest under
+  `state_dir` (the bundle is never modified), a patch is the same conditional JSON Patch applied
+  to that copy (all of it, its `test` ops included, or nothing; a dry run applies it to a copy in
+  memory), and events go to `state_dir/events.yaml`.
 - verify: "unknown": nothing runs here; the message says how to roll the change out.
 """
 
@@ -14,22 +15,26 @@ from __future__ import annotations
 
 import copy
 import difflib
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import yaml
 
+from bot.app import workload_ops
 from bot.app.ports import PodNotFound
-from bot.app.records import ApplyResult, Verification
+from bot.app.records import ApplyResult, Verification, VerifyOutcome
+from bot.app.verdict import Diagnoser
+from bot.app.workload_ops import ChangeToUndo, PatchAnswer, PatchStatus
 from bot.diagnosis.evidence import load_bundle
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy import changes as ch
-from bot.remedy import plan
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.remedy.ownership import PATCHABLE, controller_of, foreign_controller_ref, resolve_owner, with_gitops
 
 MANIFEST_NAMES = ("deployment.yaml", "statefulset.yaml", "workload.yaml", "manifest.yaml")
+PROPOSAL_TTL = timedelta(hours=1)
 
 
 class _NoOwnersOnDisk:
@@ -117,7 +122,10 @@ class LocalCluster:
 
     def collect(self, namespace: str, pod: str, container: str | None = None) -> Evidence:
         evidence = load_bundle(self.bundle_dir)
-        return evidence.model_copy(update={"container": container}) if container else evidence
+        if not container:
+            return evidence
+        return Evidence(log=evidence.log, pod=evidence.pod, node=evidence.node, events=evidence.events,
+                        container=container, source=evidence.source)
 
     def _workload(self, evidence: Evidence) -> tuple[WorkloadRef, dict[str, Any]]:
         obj = self._current()
@@ -137,82 +145,61 @@ class LocalCluster:
     def workload_for(self, evidence: Evidence) -> WorkloadRef:
         return self._workload(evidence)[0]
 
+    # -- proposing, applying, rolling back: decided in bot.app.workload_ops
     def propose(self, diagnosis: DiagnosisResult, evidence: Evidence,
                 workload: WorkloadRef | None = None) -> Proposal | None:
         """`workload` as `workload_for` resolved it; the object is this bundle's working copy."""
         ref, obj = (workload, self._current()) if workload is not None else self._workload(evidence)
-        proposal = plan.make_proposal(self.name, ref, obj, diagnosis)
-        if proposal is None or ref.live_patch_blocked:
-            return proposal
-        try:
-            jsonpatch.apply_patch(obj, proposal.json_patch)
-        except jsonpatch.JsonPatchException as exc:
-            return proposal.model_copy(update={"dry_run_ok": False, "dry_run_message": f"patch does not apply: {exc}"})
-        return proposal.model_copy(update={"dry_run_ok": True, "dry_run_message":
-                                           "applies to the local copy (no API server to dry-run against)"})
+        return workload_ops.propose(self, ref, obj, diagnosis, PROPOSAL_TTL)
 
     def was_applied(self, proposal: Proposal) -> ApplyResult | None:
-        record = plan.applied_record(proposal, self._current())
-        return None if record is None else ApplyResult(
-            ok=True, workload=proposal.workload, changed_fields=plan.fields_changed_by(record),
-            message=f"already applied: {plan.describe_record(record)}")
+        return workload_ops.was_applied(self, proposal)
 
     def apply(self, proposal: Proposal, actor: str) -> ApplyResult:
-        ref = proposal.workload
-        if ref.live_patch_blocked:
-            return ApplyResult(ok=False, workload=ref, message=f"not patched: {ref.live_patch_blocked}")
-        done = self.was_applied(proposal)
-        if done is not None:
-            return done
-        current = self._current()
-        diff = plan.conflict_with(proposal, current)
-        ops = plan.rebase(proposal.json_patch, current)
-        if diff is not None or ops is None:
-            fields = ch.changed_fields(proposal.container_before,
-                                       ch.fields_of(ch.pod_spec_of(current), ref.container))
-            return ApplyResult(ok=False, conflict=True, workload=ref, changed_fields=fields,
-                               message=f"refused: {ref.kind} {ref.name} was edited since the proposal; "
-                                       f"re-diagnose.\n{diff or 'its spec changed outside the container'}")
-        forbidden = plan.not_allowed(proposal, current, self.playbooks)
-        if forbidden:
-            return ApplyResult(ok=False, workload=ref, message=f"refused: {forbidden}")
-        audit, record = plan.change_ops(proposal, current, actor)
-        return self._write_patched(current, ops + audit, record, ref, "VllmOncallChange")
+        return workload_ops.apply(self, proposal, actor, self.playbooks)
 
-    def _write_patched(self, current: dict[str, Any], ops: list[dict[str, Any]], record: dict[str, Any],
-                       ref: WorkloadRef, reason: str) -> ApplyResult:
-        new = jsonpatch.apply_patch(current, ops)
+    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str,
+                 change: ChangeToUndo | None = None) -> ApplyResult:
+        return workload_ops.roll_back(self, workload_kind, namespace, workload_name, actor, change)
+
+    # -- WorkloadIO over the working copy
+    def find_workload(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The working copy, if it is that object (this bundle holds one workload)."""
+        current = self._current()
+        meta = current.get("metadata") or {}
+        return current if (current.get("kind"), meta.get("namespace"), meta.get("name")) == (kind, namespace, name) \
+            else None
+
+    def patch_workload(self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]],
+                       dry_run: bool = False) -> PatchAnswer:
+        current = self.find_workload(kind, namespace, name)
+        if current is None:
+            return PatchAnswer(PatchStatus.CONFLICT, message=f"{kind} {namespace}/{name} is not this bundle's workload")
+        try:
+            new = jsonpatch.apply_patch(current, ops)
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+            if dry_run:
+                return PatchAnswer(PatchStatus.REFUSED, message=f"patch does not apply: {exc}")
+            failed_test = isinstance(exc, jsonpatch.JsonPatchTestFailed)
+            return PatchAnswer(PatchStatus.CONFLICT if failed_test else PatchStatus.REFUSED, message=str(exc))
+        if dry_run:
+            return PatchAnswer(PatchStatus.PATCHED, workload=new,
+                               message="applies to the local copy (no API server to dry-run against)")
         meta = new["metadata"]
         rv = str(meta.get("resourceVersion", "0"))
         meta["resourceVersion"] = str(int(rv) + 1) if rv.isdigit() else f"{rv}-1"
         meta["generation"] = int(meta.get("generation") or 1) + 1
-        path = self._write(new)
-        message = plan.describe_record(record)
-        self._record_event(plan.event_for(new, reason, message))
-        return ApplyResult(ok=True, changed_fields=plan.fields_changed_by(record),
-                           workload=ref.model_copy(update={"resource_version": meta["resourceVersion"]}),
-                           message=f"wrote {path}: {message}")
+        return PatchAnswer(PatchStatus.PATCHED, workload=new, message=f"wrote {self._write(new)}")
 
-    def rollback(self, namespace: str, workload_kind: str, workload_name: str, actor: str) -> ApplyResult:
-        current = self._current()
-        meta = current["metadata"]
-        ref = WorkloadRef(kind=workload_kind, namespace=namespace, name=workload_name,
-                          container=next((r["container"] for r in reversed(plan.read_audit(current))), ""),
-                          resource_version=str(meta.get("resourceVersion")))
-        if (current["kind"], meta["name"]) != (workload_kind, workload_name):
-            return ApplyResult(ok=False, workload=ref, message=f"refused: this bundle's workload is "
-                               f"{current['kind']}/{meta['name']}, not {workload_kind}/{workload_name}")
-        try:
-            ops, record = plan.rollback_ops(current, actor)
-        except plan.RollbackRefused as refused:
-            return ApplyResult(ok=False, conflict=refused.conflict, workload=ref, message=f"refused: {refused}")
-        return self._write_patched(current, ops, record, ref, "VllmOncallRollback")
+    def create_event(self, event: dict[str, Any]) -> None:
+        self._record_event(event)
 
-    def verify(self, workload: WorkloadRef, timeout_seconds: float) -> Verification:
+    def verify(self, workload: WorkloadRef, timeout_seconds: float, diagnose: Diagnoser | None = None
+               ) -> Verification:
         path = self._state_path(workload.kind, workload.namespace, workload.name)
-        return Verification(outcome="unknown", message=f"no cluster here: the change was written to {path}. "
-                            f"Roll it out with `kubectl apply -f {path}` (or commit it), then watch the new pod "
-                            f"for vLLM's 'GPU KV cache size' line.")
+        return Verification(outcome=VerifyOutcome.UNKNOWN, message=f"no cluster here: the change was written to "
+                            f"{path}. Roll it out with `kubectl apply -f {path}` (or commit it), then watch the new "
+                            f"pod for vLLM's 'GPU KV cache size' line.")
 
 
 def workload_from_pod(pod: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import tempfile
@@ -13,6 +14,23 @@ from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident
 from bot.app.redaction import redacted_incident
 from bot.diagnosis.redact import DEFAULT, Redactor
+
+# The file's keys for the incident's message, as every earlier version wrote them (as in the
+# cluster's objects, bot/kube/incidents.py): two processes of different versions sharing the
+# folder read the same file.
+_STORED_KEYS = {"chat_channel": "slack_channel", "message_id": "slack_ts"}
+_FIELDS = {stored: field for field, stored in _STORED_KEYS.items()}
+
+
+def _read(path: Path) -> Incident:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return Incident.model_validate({_FIELDS.get(key, key): value for key, value in record.items()})
+
+
+def _text(incident: Incident) -> str:
+    record = incident.model_dump(mode="json")
+    return json.dumps({_STORED_KEYS.get(key, key): value for key, value in record.items()}, indent=1,
+                      ensure_ascii=False)
 
 
 class FolderIncidentStore:
@@ -36,7 +54,7 @@ class FolderIncidentStore:
         return lock  # closing the file releases the lock
 
     def create(self, incident: Incident) -> Incident:
-        stored = redacted_incident(incident, self.redactor).model_copy(update={"version": "1"})
+        stored = redacted_incident(incident, self.redactor).with_version("1")
         path = self._path(incident.name)
         with self._locked(incident.name, exclusive=True):
             try:
@@ -44,7 +62,7 @@ class FolderIncidentStore:
             except FileExistsError:
                 raise IncidentExists(incident.name) from None
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(stored.model_dump_json(indent=1))
+                f.write(_text(stored))
                 f.flush()
                 os.fsync(f.fileno())
         return stored
@@ -54,22 +72,21 @@ class FolderIncidentStore:
         if not path.exists():
             return None
         with self._locked(name, exclusive=False):
-            return Incident.model_validate_json(path.read_text(encoding="utf-8"))
+            return _read(path)
 
     def update(self, incident: Incident) -> Incident:
         path = self._path(incident.name)
         with self._locked(incident.name, exclusive=True):
             if not path.exists():
                 raise IncidentConflict(f"{incident.name}: deleted")
-            current = Incident.model_validate_json(path.read_text(encoding="utf-8"))
+            current = _read(path)
             if current.version != incident.version:
                 raise IncidentConflict(f"{incident.name}: version {incident.version} is stale "
                                        f"(now {current.version})")
-            stored = redacted_incident(incident, self.redactor).model_copy(
-                update={"version": str(int(current.version or 0) + 1)})
+            stored = redacted_incident(incident, self.redactor).with_version(str(int(current.version or 0) + 1))
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{incident.name}.", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(stored.model_dump_json(indent=1))
+                f.write(_text(stored))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)  # readers see the old or the new file, never half of one

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bot.diagnosis.models import Change
+from bot.diagnosis.models import Change, revised
 
 
 class Model(BaseModel):
@@ -76,7 +76,7 @@ class Proposal(Model):
 
     def sealed(self) -> Proposal:
         """This proposal with its digest set (call after the last change to its content)."""
-        return self.model_copy(update={"digest": self.content_digest()})
+        return revised(self, digest=self.content_digest())
 
     def intact(self) -> bool:
         """The stored digest is the digest of the stored content (a naive edit breaks it; an edit

@@ -10,12 +10,12 @@ value to change there.
 Pure: `resolve_owner` reads the owners through a `WorkloadReader` the caller passes (the live
 API, or nothing at all for files on disk).
 
-Pod -> ReplicaSet -> Deployment costs one read, not two, in the usual case: a Deployment names
-its ReplicaSets `<deployment>-<pod-template-hash>` and labels their pods with that hash, so
-`deployment_by_replicaset_name` reads the Deployment directly and accepts it only when its
-selector matches the pod and nothing owns it. Otherwise (no such Deployment, another selector,
-no `pod-template-hash` label, e.g. Argo Rollouts' `rollouts-pod-template-hash`) the ReplicaSet
-is read and its ownerReference decides, as before.
+Owners are evidence the cluster can forge: anyone who may create a pod may write any
+ownerReference and any labels on it. So each owner is read, and accepted only when its uid is the
+uid the reference names (Pod -> ReplicaSet, ReplicaSet -> Deployment, Pod -> StatefulSet): a pod
+naming a ReplicaSet that does not exist, or another object of that name, resolves to nothing
+patchable, whatever its labels say. Names and labels (`<deployment>-<pod-template-hash>`) are
+never used to skip a read: that shortcut let a forged pod aim the bot at any Deployment.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from bot.diagnosis import cmdline
-from bot.diagnosis.models import Change
+from bot.diagnosis.models import Change, revised
 from bot.remedy.models import WorkloadRef
 
 PATCHABLE = ("Deployment", "StatefulSet")
@@ -129,62 +129,23 @@ class WorkloadReader(Protocol):
         """The object, or None when there is no such object."""
 
 
-def _fetch(api: WorkloadReader, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-    return api.find_workload(kind, namespace, name)
-
-
-POD_TEMPLATE_HASH = "pod-template-hash"  # the label the Deployment controller puts on its ReplicaSets' pods
-
-
-def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
-    """A LabelSelector (matchLabels and matchExpressions) against labels. An empty or missing
-    selector, or an operator this does not know, counts as no match: the caller then reads the
-    ReplicaSet instead of trusting a guess."""
-    selector = selector or {}
-    match_labels = selector.get("matchLabels") or {}
-    expressions = selector.get("matchExpressions") or []
-    if not match_labels and not expressions:
-        return False
-    if any(labels.get(key) != value for key, value in match_labels.items()):
-        return False
-    for expr in expressions:
-        key, operator, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return False
-        if operator == "In" and labels.get(key) not in values:
-            return False
-        if operator == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if operator == "Exists" and key not in labels:
-            return False
-        if operator == "DoesNotExist" and key in labels:
-            return False
-    return True
-
-
-def deployment_by_replicaset_name(api: WorkloadReader, pod: dict[str, Any], replicaset: str
-                                  ) -> dict[str, Any] | None:
-    """The Deployment that owns the pod's ReplicaSet, read without reading the ReplicaSet, or None
-    when that cannot be told from the names and labels alone (then read the ReplicaSet).
-
-    The ReplicaSet must be named `X-H` with H the pod's `pod-template-hash` label; Deployment X
-    must exist, select the pod (its spec.selector matches the pod's labels) and have no owner of
-    its own (a foreign controller's Deployment goes the long way, which reports that owner)."""
-    meta = pod.get("metadata") or {}
-    template_hash = (meta.get("labels") or {}).get(POD_TEMPLATE_HASH)
-    suffix = f"-{template_hash}"
-    if not template_hash or not replicaset.endswith(suffix) or len(replicaset) == len(suffix):
-        return None
-    deployment = _fetch(api, "Deployment", meta.get("namespace", ""), replicaset[: -len(suffix)])
-    if deployment is None or controller_of(deployment) is not None:
-        return None
-    if not selector_matches((deployment.get("spec") or {}).get("selector"), meta.get("labels") or {}):
-        return None
-    return deployment
+def _read_owner(api: WorkloadReader, namespace: str, ref: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The object an ownerReference names, read and checked: (object, "") when it exists and its
+    uid is the reference's, else (None, why not)."""
+    kind, name, uid = ref.get("kind", ""), ref.get("name", ""), ref.get("uid")
+    obj = api.find_workload(kind, namespace, name)
+    if obj is None:
+        return None, f"its {kind} {name} is gone"
+    actual = (obj.get("metadata") or {}).get("uid")
+    if not uid or actual != uid:
+        return None, (f"its ownerReference names {kind} {name} with uid {uid or '(none)'}, but {kind} {name} "
+                      f"has uid {actual or '(none)'}: not this pod's owner, so nothing is patched")
+    return obj, ""
 
 
 def resolve_owner(api: WorkloadReader, pod: dict[str, Any], container: str) -> tuple[WorkloadRef, dict[str, Any]]:
-    """The workload a fix would be applied to, and its object (the pod itself when there is none)."""
+    """The workload a fix would be applied to, and its object (the pod itself when there is none).
+    Every owner on the way is read and its uid checked against the reference that names it."""
     meta = pod.get("metadata") or {}
     namespace = meta.get("namespace", "")
     owner = controller_of(pod)
@@ -194,38 +155,42 @@ def resolve_owner(api: WorkloadReader, pod: dict[str, Any], container: str) -> t
                           live_patch_blocked="a bare Pod (no controller): a patched pod is not re-created; "
                                              "change the manifest that created it")
         return with_gitops(ref, pod), pod
-    kind, name = owner.get("kind", ""), owner.get("name", "")
-    obj: dict[str, Any] | None = None
-    if kind == "ReplicaSet" and owner.get("apiVersion", "apps/v1") == "apps/v1":
-        obj = deployment_by_replicaset_name(api, pod, name)
-    if obj is not None:
-        kind, name = "Deployment", (obj.get("metadata") or {}).get("name", "")
-    elif kind == "ReplicaSet" and owner.get("apiVersion", "apps/v1") == "apps/v1":
-        rs = _fetch(api, "ReplicaSet", namespace, name)
+    if owner.get("kind") == "ReplicaSet" and owner.get("apiVersion", "apps/v1") == "apps/v1":
+        rs, why_not = _read_owner(api, namespace, owner)
+        name = owner.get("name", "")
         if rs is None:
-            return _blocked(namespace, "ReplicaSet", name, container, "its ReplicaSet is gone"), pod
+            return _blocked(namespace, "ReplicaSet", name, container, why_not), pod
         rs_owner = controller_of(rs)
         if rs_owner is None:
             return with_gitops(_blocked(namespace, "ReplicaSet", name, container,
                                          "a bare ReplicaSet (no Deployment)", rs), rs), rs
         if rs_owner.get("kind") != "Deployment":
             return foreign_controller_ref(namespace, "ReplicaSet", name, container, rs_owner, rs), rs
-        kind, name = "Deployment", rs_owner.get("name", "")
+        owner = rs_owner
+    kind, name = owner.get("kind", ""), owner.get("name", "")
     if kind in PATCHABLE:
-        obj = obj if obj is not None else _fetch(api, kind, namespace, name)
-        if obj is None:
-            return _blocked(namespace, kind, name, container, f"its {kind} is gone"), pod
-        foreign = controller_of(obj)
-        if foreign is not None:
-            return foreign_controller_ref(namespace, kind, name, container, foreign, obj), obj
-        ref = WorkloadRef(kind=kind, namespace=namespace, name=name, container=container,
-                          resource_version=(obj.get("metadata") or {}).get("resourceVersion"))
-        return with_gitops(ref, obj), obj
+        return _patchable(api, namespace, owner, container, pod)
     if kind == "Job":
         return _blocked(namespace, "Job", name, container,
                         "a Job's pod template cannot be changed; change the Job's manifest and re-create it",
                         api_version=owner.get("apiVersion", "batch/v1")), pod
     return foreign_controller_ref(namespace, "Pod", meta.get("name", ""), container, owner, pod), pod
+
+
+def _patchable(api: WorkloadReader, namespace: str, owner: dict[str, Any], container: str,
+               pod: dict[str, Any]) -> tuple[WorkloadRef, dict[str, Any]]:
+    """A Deployment or StatefulSet an ownerReference names: read, uid checked, and patchable
+    unless another controller or GitOps owns it."""
+    kind, name = owner.get("kind", ""), owner.get("name", "")
+    obj, why_not = _read_owner(api, namespace, owner)
+    if obj is None:
+        return _blocked(namespace, kind, name, container, why_not), pod
+    foreign = controller_of(obj)
+    if foreign is not None:
+        return foreign_controller_ref(namespace, kind, name, container, foreign, obj), obj
+    ref = WorkloadRef(kind=kind, namespace=namespace, name=name, container=container,
+                      resource_version=(obj.get("metadata") or {}).get("resourceVersion"))
+    return with_gitops(ref, obj), obj
 
 
 def _blocked(namespace: str, kind: str, name: str, container: str, reason: str,
@@ -251,4 +216,4 @@ def with_gitops(ref: WorkloadRef, obj: dict[str, Any]) -> WorkloadRef:
     reason = gitops_block_reason(managed_by, who)
     if ref.live_patch_blocked:
         reason = f"{ref.live_patch_blocked}; also {reason}"
-    return ref.model_copy(update={"live_patch_blocked": reason, "managed_by": managed_by})
+    return revised(ref, live_patch_blocked=reason, managed_by=managed_by)

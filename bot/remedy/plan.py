@@ -1,7 +1,8 @@
 """Proposals, conditional patches, audit records and rollbacks, computed from plain objects.
 
-No I/O: the live cluster (live.py) and the files-only cluster (local.py) both use these, so the
-safety rules are the same whether the patch goes to an API server or to a manifest copy.
+No I/O: bot.app.workload_ops, the one implementation of apply and roll back that both cluster
+adapters (bot.kube.live, bot.local.cluster) delegate to, uses these, so the safety rules are the
+same whether the patch goes to an API server or to a manifest copy.
 
 The audit record lives on the workload itself, in the annotation `vllm-oncall.io/last-change`:
 a JSON list (oldest first) of at most 5 records and at most 16 KiB. Each record:
@@ -70,8 +71,7 @@ def make_proposal(cluster: str, ref: WorkloadRef, workload: dict[str, Any], diag
     return Proposal(
         id=uuid.uuid4().hex[:12],
         cluster=cluster,
-        workload=ref.model_copy(update={"resource_version": meta.get("resourceVersion"), "repository_hint": hint,
-                                        "uid": meta.get("uid") or ref.uid}),
+        workload=bound_to(ref, meta.get("resourceVersion"), meta.get("uid") or ref.uid, hint),
         cause=diagnosis.cause,
         title=diagnosis.title,
         changes=list(diagnosis.changes),
@@ -83,6 +83,23 @@ def make_proposal(cluster: str, ref: WorkloadRef, workload: dict[str, Any], diag
         created_at=created,
         expires_at=created + ttl,
     ).sealed()
+
+
+def bound_to(ref: WorkloadRef, resource_version: str | None, uid: str | None,
+             repository_hint: str | None) -> WorkloadRef:
+    """`ref` bound to the object state a proposal is computed from (validated, not copied blindly)."""
+    return WorkloadRef.model_validate({**ref.model_dump(), "resource_version": resource_version, "uid": uid,
+                                       "repository_hint": repository_hint})
+
+
+def at_version(ref: WorkloadRef, resource_version: str | None) -> WorkloadRef:
+    """`ref` at another resourceVersion of the same object (after a patch)."""
+    return WorkloadRef.model_validate({**ref.model_dump(), "resource_version": resource_version})
+
+
+def dry_run_checked(proposal: Proposal, ok: bool, message: str) -> Proposal:
+    """The proposal with the dry run's answer (not part of its sealed content: the digest stays)."""
+    return Proposal.model_validate({**proposal.model_dump(), "dry_run_ok": ok, "dry_run_message": message})
 
 
 def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = None) -> str | None:
@@ -97,8 +114,7 @@ def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = No
     book = next((b for b in (playbooks or default_playbooks()) if b.id == proposal.cause), None)
     if book is None:
         return f"no playbook {proposal.cause!r} declares this change"
-    allowed = book.allowed()
-    extra = [f"{c.kind} {c.name}" for c in proposal.changes if (c.kind, c.name) not in allowed]
+    extra = [f"{c.kind} {c.name}" for c in proposal.changes if not book.allows(c)]
     if extra:
         return f"playbook {book.id} does not allow changing {', '.join(extra)}"
     pod_spec = ch.pod_spec_of(current)
@@ -241,14 +257,57 @@ class RollbackRefused(Exception):
         self.conflict = conflict
 
 
-def rollback_ops(current: dict[str, Any], actor: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Ops restoring the fields recorded by the last change not yet rolled back, conditional on the
-    workload still being exactly as that change left it."""
+def rollback_target(records: list[dict[str, Any]], change_id: str | None = None,
+                    digest: str | None = None) -> int:
+    """The index in `records` of the change a rollback undoes: the change record with `change_id`
+    (and `digest`, when given: the proposal that incident applied), else the newest change not yet
+    rolled back. RollbackRefused when there is none, or that change was rolled back already."""
+    changes = [i for i, r in enumerate(records) if r.get("action") == "change"]
+    if change_id is None:
+        found = next((i for i in reversed(changes) if not records[i].get("rolled_back_by")), None)
+        if found is None:
+            raise RollbackRefused(f"no change by vllm-oncall left to roll back on this workload "
+                                  f"(annotation {AUDIT_ANNOTATION})")
+        return found
+    found = next((i for i in reversed(changes) if records[i].get("id") == change_id
+                  and (not digest or records[i].get("digest") == digest)), None)
+    if found is None:
+        raise RollbackRefused(f"this workload carries no record of change {change_id} (annotation "
+                              f"{AUDIT_ANNOTATION}): it is not the workload that change was applied to, or its "
+                              "record is gone; nothing to roll back here")
+    if records[found].get("rolled_back_by"):
+        raise RollbackRefused(f"change {change_id} was rolled back already (by {records[found]['rolled_back_by']})")
+    return found
+
+
+def later_overlap(records: list[dict[str, Any]], index: int) -> str | None:
+    """Why undoing records[index] would also undo a later change: a later change (not rolled
+    back) on the same container that changed one of the same fields. None if none did."""
+    target = records[index]
+    mine = set(fields_changed_by(target))
+    for later in records[index + 1:]:
+        if later.get("action") != "change" or later.get("rolled_back_by") or \
+                later.get("container") != target.get("container"):
+            continue
+        shared = sorted(mine & set(fields_changed_by(later)))
+        if shared:
+            return (f"change {later.get('id')} ({later.get('cause')}, by {later.get('who')}) changed "
+                    f"{', '.join(shared)} after change {target.get('id')}; undoing {target.get('id')} would undo "
+                    f"it too. Roll back {later.get('id')} first, or change it by hand")
+    return None
+
+
+def rollback_ops(current: dict[str, Any], actor: str, change_id: str | None = None,
+                 digest: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Ops restoring the fields recorded by one change (`change_id`, else the last change not yet
+    rolled back), guarded by `test` ops on the values that change introduced: refused when a later
+    change or anyone else touched those fields since."""
     records = read_audit(current)
-    target = next((r for r in reversed(records) if r.get("action") == "change" and not r.get("rolled_back_by")),
-                  None)
-    if target is None:
-        raise RollbackRefused(f"no change by vllm-oncall left to roll back on this workload (annotation {AUDIT_ANNOTATION})")
+    index = rollback_target(records, change_id, digest)
+    target = records[index]
+    overlap = later_overlap(records, index)
+    if overlap:
+        raise RollbackRefused(overlap, conflict=True)
     container = target["container"]
     pod_spec = ch.pod_spec_of(current)
     now_fields = ch.fields_of(pod_spec, container)
@@ -268,12 +327,21 @@ def rollback_ops(current: dict[str, Any], actor: str) -> tuple[list[dict[str, An
         else:
             holder[f] = value
     meta = current.get("metadata") or {}
+    # build_json_patch tests each field it changes against its current value: the value the change
+    # introduced (checked just above), so the write applies only while that is still so.
     ops = ch.build_json_patch(pod_spec, restored, container, ch.pod_spec_pointer(current.get("kind", "")),
                               resource_version=meta.get("resourceVersion"))
     record = audit_record("rollback", uuid.uuid4().hex[:12], actor, target.get("cause"), container,
                           now_fields, ch.fields_of(restored, container), message=f"rollback of {target['id']}")
     target["rolled_back_by"] = record["id"]
     return ops + audit_ops(current, records + [record]), record
+
+
+def rolled_back_record(current: dict[str, Any], rollback_id: str) -> dict[str, Any] | None:
+    """The rollback record `rollback_id` on the workload, if that rollback landed (read back after
+    an ambiguous answer)."""
+    return next((r for r in read_audit(current) if r.get("action") == "rollback" and r.get("id") == rollback_id),
+                None)
 
 
 def event_for(workload: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
@@ -345,7 +413,8 @@ def redact_proposal(proposal: Proposal, redactor: Redactor = DEFAULT_REDACTOR) -
     """The proposal as it may be stored and shown: command lines, the container as diagnosed,
     the patch's values and the manifest diff redacted. `changes` stay exact: playbooks change
     only flags that are not secrets, and the apply path re-derives the patch from them."""
-    return proposal.model_copy(update={
+    return Proposal.model_validate({
+        **proposal.model_dump(),
         "command_before": redactor.args(proposal.command_before),
         "command_after": redactor.args(proposal.command_after),
         "container_before": redactor.fields(proposal.container_before),

@@ -27,6 +27,7 @@ from slack_sdk.errors import SlackApiError
 from bot.app.errors import ClusterUnavailable
 from bot.app.router import ClusterRouter, UnknownCluster
 from bot.app.service import OncallService
+from bot.app.state import Outcome
 from bot.diagnosis.playbooks import PlaybookError, default_playbooks
 from bot.slack.blocks import APPROVE, REJECT, ROLLBACK
 from bot.slack.escape import escape
@@ -79,7 +80,7 @@ def build_app(served: OncallService | ClusterRouter, client: WebClient, signing_
             return
         answer_command(router, asked, ack, default_namespace)
 
-    def on_click(use_case: str, decide: Callable[[OncallService, ButtonClick], str]):
+    def on_click(use_case: str, decide: Callable[[OncallService, ButtonClick], Outcome]):
         def handler(ack: Ack, body: dict[str, Any]) -> None:
             ack()
             try:
@@ -91,18 +92,18 @@ def build_app(served: OncallService | ClusterRouter, client: WebClient, signing_
             service, refusal = route_click(router, click)
             if service is None:
                 tell(client, click.channel_id, click.user_id, refusal)
-                outcome = "not_served"
+                outcome = Outcome.NOT_SERVED
             else:
                 outcome = decide(service, click)
             log.info("%s on %s by %s: %s", use_case, click.incident, click.user_id, outcome)
         return handler
 
-    def decision(use_case: str) -> Callable[[OncallService, ButtonClick], str]:
+    def decision(use_case: str) -> Callable[[OncallService, ButtonClick], Outcome]:
         """Approve and Reject act only on the proposal the clicked message showed (its digest)."""
-        def run(service: OncallService, click: ButtonClick) -> str:
+        def run(service: OncallService, click: ButtonClick) -> Outcome:
             if click.digest is None:
                 tell(client, click.channel_id, click.user_id, OLD_BUTTON)
-                return "no_digest"
+                return Outcome.NO_DIGEST
             decide = service.approve if use_case == "approve" else service.reject
             return decide(click.incident, click.user_id, click.message_ref, click.digest)
         return run

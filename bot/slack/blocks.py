@@ -12,7 +12,6 @@ itself stays in the store, so a click can never smuggle in a different change.
 
 from __future__ import annotations
 
-import re
 import shlex
 from datetime import datetime
 from typing import Any
@@ -29,30 +28,33 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from bot.app.records import Incident
+from bot.app.records import Incident, Note
 from bot.app.redaction import redacted_diagnosis, redacted_incident
-from bot.diagnosis.models import DiagnosisResult
+from bot.app.state import IncidentState
+from bot.diagnosis.models import DiagnosisResult, revised
 from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.remedy.models import Proposal
 from bot.slack.escape import code_block, escape, inline_code, unescape
+from bot.slack.notes import mention, note_text
 
 APPROVE, REJECT, ROLLBACK = "vllm_approve", "vllm_reject", "vllm_rollback"
 SECTION_LIMIT = SectionBlock.text_max_length - 100  # a margin below the 3000 Slack allows per section text
 FIELD_LIMIT = 2000  # Slack's limit for one section field; slack_sdk does not check it
 MAX_BLOCKS = 50  # Slack's limit per message; slack_sdk does not check it
 TRUNCATED = "\n… (truncated)"
-STATE_LINES = {
-    "proposed": "",
-    "diagnosed": "",
-    "approved": ":hourglass_flowing_sand: Approved by {who} at {when}",
-    "applying": ":hourglass_flowing_sand: Applying, approved by {who} at {when}",
-    "applied": ":white_check_mark: Applied by {who} at {when}; following the rollout in the thread",
-    "verified": ":white_check_mark: Applied by {who} at {when}; the new pod is Ready (see thread)",
-    "failed": ":x: Failed after the decision by {who} at {when} (see thread)",
-    "rejected": ":no_entry_sign: Rejected by {who} at {when}; nothing was changed",
-    "expired": ":alarm_clock: The proposal expired unused; nothing was changed",
-    "rolled-back": ":leftwards_arrow_with_hook: Applied by {who}, then rolled back (see thread)",
-    "resolved": ":large_green_circle: Resolved: Alertmanager reports the pod is no longer crash-looping",
+S = IncidentState
+STATE_LINES: dict[IncidentState, str] = {
+    S.PROPOSED: "",
+    S.DIAGNOSED: "",
+    S.APPROVED: ":hourglass_flowing_sand: Approved by {who} at {when}",
+    S.APPLYING: ":hourglass_flowing_sand: Applying, approved by {who} at {when}",
+    S.APPLIED: ":white_check_mark: Applied by {who} at {when}; following the rollout in the thread",
+    S.VERIFIED: ":white_check_mark: Applied by {who} at {when}; the new pod is Ready (see thread)",
+    S.FAILED: ":x: Failed after the decision by {who} at {when} (see thread)",
+    S.REJECTED: ":no_entry_sign: Rejected by {who} at {when}; nothing was changed",
+    S.EXPIRED: ":alarm_clock: The proposal expired unused; nothing was changed",
+    S.ROLLED_BACK: ":leftwards_arrow_with_hook: Applied by {who}, then rolled back (see thread)",
+    S.RESOLVED: ":large_green_circle: Resolved: Alertmanager reports the pod is no longer crash-looping",
 }
 
 
@@ -99,21 +101,6 @@ def change_lines(proposal: Proposal, redactor: Redactor = DEFAULT) -> list[str]:
                           f"{c.after if c.after is not None else '(removed)'}") for c in proposal.changes]
 
 
-# Our own mentions in a thread reply (`<@U123>`), and entities a caller already escaped.
-_OURS = re.compile(r"<@[UW][A-Z0-9]{2,20}>|&(?:amp|lt|gt);")
-
-
-def escape_note(text: str) -> str:
-    """A thread reply's text for Slack: everything escaped (it quotes pod names, args, patch
-    messages), except the user mentions the bot wrote and entities already escaped, so a text
-    escaped by its author is not escaped twice."""
-    out, done = [], 0
-    for match in _OURS.finditer(text):
-        out += [escape(text[done:match.start()]), match.group(0)]
-        done = match.end()
-    return "".join(out) + escape(text[done:])
-
-
 def _shown(incident: Incident, redactor: Redactor) -> Incident:
     """The incident with every text from the cluster redacted, ready to be escaped and shown."""
     incident = redacted_incident(incident, redactor)
@@ -121,13 +108,11 @@ def _shown(incident: Incident, redactor: Redactor) -> Incident:
     if p is None:
         return incident
     w = p.workload
-    workload = w.model_copy(update={
-        "live_patch_blocked": redactor.text(w.live_patch_blocked) if w.live_patch_blocked else None,
-        "repository_hint": redactor.text(w.repository_hint) if w.repository_hint else None})
-    changes = [c.model_copy(update={"before": redactor.text(c.before) if c.before else c.before,
-                                    "after": redactor.text(c.after) if c.after else c.after}) for c in p.changes]
-    return incident.model_copy(update={"proposal": p.model_copy(update={"workload": workload,
-                                                                        "changes": changes})})
+    workload = revised(w, live_patch_blocked=redactor.text(w.live_patch_blocked) if w.live_patch_blocked else None,
+                       repository_hint=redactor.text(w.repository_hint) if w.repository_hint else None)
+    changes = [revised(c, before=redactor.text(c.before) if c.before else c.before,
+                       after=redactor.text(c.after) if c.after else c.after) for c in p.changes]
+    return incident.revised(proposal=revised(p, workload=workload, changes=changes))
 
 
 def confirm_text(incident: Incident) -> str:
@@ -230,7 +215,7 @@ def _proposal_blocks(incident: Incident) -> list[Block]:
                             f"{escape(p.dry_run_message or 'no reason given')}"))
     elif p.approvals_off:
         out.append(_section(f":eyes: *No Approve button:* {escape(p.approvals_off)}", block_id="approvals-off"))
-    if incident.state == "proposed":
+    if incident.state == S.PROPOSED:
         out.append(_decision_buttons(incident))
     return out
 
@@ -255,13 +240,12 @@ def _decision_buttons(incident: Incident) -> ActionsBlock:
 
 
 def _status_line(incident: Incident) -> str:
-    template = STATE_LINES.get(incident.state, incident.state)
+    template = STATE_LINES[incident.state]
     if not template:
-        if incident.state == "proposed" and incident.proposal:
+        if incident.state == S.PROPOSED and incident.proposal:
             return f"Approvers may apply this until {_time(incident.proposal.expires_at)}."
         return ""
-    who = f"<@{incident.approver}>" if incident.approver else "someone"
-    return template.format(who=who, when=_time(incident.decided_at))
+    return template.format(who=mention(incident.approver), when=_time(incident.decided_at))
 
 
 def rollback_button(incident_name: str) -> ActionsBlock:
@@ -271,13 +255,12 @@ def rollback_button(incident_name: str) -> ActionsBlock:
                          "Roll back"))])
 
 
-def note_message(text: str, diagnosis: DiagnosisResult | None = None,
-                 rollback_incident: str | None = None, redactor: Redactor = DEFAULT) -> tuple[str, list[dict[str, Any]]]:
-    """A thread reply. `text` is ours but quotes the cluster (pod names, args, the patch's
-    message): it is redacted and escaped, keeping the <@U> mentions we made; the diagnosis is
-    redacted and escaped."""
-    text = escape_note(redactor.text(text))
+def note_message(note: Note, redactor: Redactor = DEFAULT) -> tuple[str, list[dict[str, Any]]]:
+    """A thread reply: the note's words (bot.slack.notes: its facts redacted and escaped), its
+    re-diagnosis (redacted and escaped) and its Roll back button."""
+    text = note_text(note, redactor)
     blocks: list[Block] = [_section(text)]
+    diagnosis, rollback_incident = note.diagnosis, note.rollback_incident
     if diagnosis is not None:
         diagnosis = redacted_diagnosis(diagnosis, redactor)
         blocks.append(_section(f"*Re-diagnosed:* {escape(diagnosis.title)}\n{escape(diagnosis.explanation)}"))

@@ -29,10 +29,11 @@ from bot.app.metrics import Metrics
 from bot.app.policy import DEFAULT_POST_LEASE
 from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
-from bot.app.retrying import RetryEvent, RetryPolicy
+from bot.app.retrying import RetryPolicy
 from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
 from bot.diagnosis.redact import Redactor
 from bot.slack.blocks import incident_message, note_message
+from bot.slack.notes import note_text
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,15 @@ def post_fits_lease(lease_seconds: float, client_timeout_seconds: float) -> bool
 
 POST_BUDGET_SECONDS = post_budget(DEFAULT_POST_LEASE.total_seconds())
 HISTORY_PAGE, HISTORY_PAGES = 200, 10
+
+
+def audit_actor(user_id: str, user_name: Callable[[str], str | None]) -> str:
+    """`name (slack:U123)` for the audit record, or `slack:U123` when the name cannot be had."""
+    try:
+        name = user_name(user_id)
+    except ChatUnavailable:
+        name = None
+    return f"{name} (slack:{user_id})" if name else f"slack:{user_id}"
 
 
 def make_client(token: str, base_url: str | None = None, timeout: int = CLIENT_TIMEOUT_SECONDS) -> WebClient:
@@ -135,7 +145,8 @@ class SlackChat:
         self.metrics = metrics or Metrics()
         # The shared policy; `sleep` is injectable so a test can see the waits without waiting.
         self.retries = RetryPolicy(attempts=max_attempts, initial=backoff_seconds, maximum=10, jitter=0.1,
-                                   max_retry_after=max_retry_after_seconds, sleep=sleep, clock=clock)
+                                   max_retry_after=max_retry_after_seconds, sleep=sleep, clock=clock,
+                                   count=self.metrics.count_retry)
         # An incident's post must end inside its post lease (Policy.post_lease): after that another
         # replica may take the lease and post, so retrying past it risks a duplicate. build_server
         # passes post_budget(lease).
@@ -144,15 +155,10 @@ class SlackChat:
     # ---- the one place every Web API call goes through ----------------------------------
 
     def call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None = None, **kwargs: Any) -> Any:
-        def on_retry(event: RetryEvent) -> None:
-            self.metrics.slack_retries.labels(method, event.reason).inc()
-            capped = f" (Retry-After {event.retry_after:.0f}s capped)" if event.capped else ""
-            log.warning("Slack %s failed (%s: %s), retry %d of %d%s", method, event.reason, event.error,
-                        event.attempt, event.attempts - 1, capped)
-
         try:
-            return (policy or self.retries).run(fn, reason_of=lambda exc: retry_reason(method, exc),
-                                    retry_after_of=retry_after_seconds, on_retry=on_retry, **kwargs)
+            return (policy or self.retries).run(fn, api="slack", call=method,
+                                                reason_of=lambda exc: retry_reason(method, exc),
+                                                retry_after_of=retry_after_seconds, **kwargs)
         except (SlackApiError, OSError, http.client.HTTPException) as exc:
             self.metrics.slack_failures.labels(method).inc()
             detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc
@@ -171,7 +177,7 @@ class SlackChat:
         resp = self.call("chat.postMessage", self.client.chat_postMessage, policy=self.post_retries,
                          channel=channel or self.default_channel,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
-        return MessageRef(channel=resp["channel"], ts=resp["ts"])
+        return MessageRef(channel=resp["channel"], message_id=resp["ts"])
 
     def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
         """The bot's own top-level message in `channel` whose metadata carries `post_key`, from
@@ -182,7 +188,7 @@ class SlackChat:
         oldest = f"{(since - HISTORY_MARGIN).timestamp():.6f}"
         found = self._own_message("conversations.history", self.client.conversations_history, EVENT_TYPE,
                                   "post_key", post_key, channel=channel, oldest=oldest)
-        return MessageRef(channel=channel, ts=str(found["ts"])) if found is not None else None
+        return MessageRef(channel=channel, message_id=str(found["ts"])) if found is not None else None
 
     def _own_message(self, method: str, fn: Callable[..., Any], event_type: str, field: str, value: str,
                      **kwargs: Any) -> dict[str, Any] | None:
@@ -213,23 +219,24 @@ class SlackChat:
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         text, blocks = incident_message(incident, self.redactor)
-        self.call("chat.update", self.client.chat_update, channel=message.channel, ts=message.ts,
+        self.call("chat.update", self.client.chat_update, channel=message.channel, ts=message.message_id,
                   text=text, blocks=blocks)
 
     def reply(self, thread: MessageRef, note: Note) -> None:
-        text, blocks = note_message(note.text, note.diagnosis, note.rollback_incident, self.redactor)
+        text, blocks = note_message(note, self.redactor)
         metadata = {"event_type": NOTE_EVENT_TYPE, "event_payload": {"key": note.key}} if note.key else None
-        self.call("chat.postMessage", self.client.chat_postMessage, channel=thread.channel, thread_ts=thread.ts,
+        self.call("chat.postMessage", self.client.chat_postMessage, channel=thread.channel, thread_ts=thread.message_id,
                   text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
 
     def find_reply(self, thread: MessageRef, key: str) -> bool:
         """The bot's own reply with `key` in the thread of `thread` (conversations.replies: the same
         history scopes as find_posted, the same bound)."""
         return self._own_message("conversations.replies", self.client.conversations_replies, NOTE_EVENT_TYPE,
-                                 "key", key, channel=thread.channel, ts=thread.ts) is not None
+                                 "key", key, channel=thread.channel, ts=thread.message_id) is not None
 
-    def tell_user(self, channel: str, user: str, text: str) -> None:
-        self.call("chat.postEphemeral", self.client.chat_postEphemeral, channel=channel, user=user, text=text)
+    def tell_user(self, channel: str, user: str, note: Note) -> None:
+        self.call("chat.postEphemeral", self.client.chat_postEphemeral, channel=channel, user=user,
+                  text=note_text(note, self.redactor))
 
     def group_members(self, group_id: str) -> set[str]:
         resp = self.call("usergroups.users.list", self.client.usergroups_users_list, usergroup=group_id)
@@ -239,6 +246,9 @@ class SlackChat:
         resp = self.call("users.info", self.client.users_info, user=user_id)
         user = resp.get("user") or {}
         return user.get("name") or user.get("real_name") or None
+
+    def actor(self, user_id: str) -> str:
+        return audit_actor(user_id, self.user_name)
 
     def check(self) -> str:
         """For /readyz: Slack answers and the token is valid. Returns the bot's user id."""

@@ -54,7 +54,7 @@ class ClickPlace(_Payload):
     def message_ref(self) -> MessageRef | None:
         ts = (self.message.ts if self.message else None) or (self.container.message_ts if self.container else None)
         channel = self.channel_id
-        return MessageRef(channel=channel, ts=ts) if channel and ts else None
+        return MessageRef(channel=channel, message_id=ts) if channel and ts else None
 
 
 class ClickOrigin(ClickPlace):

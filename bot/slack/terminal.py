@@ -12,6 +12,9 @@ from typing import TextIO
 from bot.app.records import Incident, MessageRef, Note
 from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.slack.blocks import blocks_to_text, incident_message, note_message
+from bot.slack.chat import audit_actor
+from bot.slack.escape import unescape
+from bot.slack.notes import note_text
 
 
 class TerminalChat:
@@ -19,10 +22,10 @@ class TerminalChat:
         self.out = out or sys.stdout
         self.redactor = redactor  # the terminal shows what Slack would: redacted too
         self.channel = channel
-        self._ts = itertools.count(1)
+        self._ids = itertools.count(1)
         self.posted: list[tuple[str, str]] = []  # (what, text), for tests and the demo summary
         self._keys: dict[tuple[str, str], MessageRef] = {}  # (channel, post_key) -> the message printed
-        self._replied: set[tuple[str, str, str]] = set()  # (channel, thread ts, key) of keyed replies printed
+        self._replied: set[tuple[str, str, str]] = set()  # (channel, thread id, key) of keyed replies printed
 
     def _print(self, banner: str, text: str) -> None:
         self.posted.append((banner, text))
@@ -31,7 +34,7 @@ class TerminalChat:
         self.out.flush()
 
     def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
-        ref = MessageRef(channel=channel or self.channel, ts=f"{next(self._ts)}.000000")
+        ref = MessageRef(channel=channel or self.channel, message_id=f"{next(self._ids)}.000000")
         _, blocks = incident_message(incident, self.redactor)
         self._print(f"Message posted to {ref.channel}", blocks_to_text(blocks))
         if incident.post_key:
@@ -51,20 +54,23 @@ class TerminalChat:
                     "the diagnosis above is unchanged", blocks_to_text(changed))
 
     def reply(self, thread: MessageRef, note: Note) -> None:
-        _, blocks = note_message(note.text, note.diagnosis, note.rollback_incident, self.redactor)
+        _, blocks = note_message(note, self.redactor)
         self._print(f"Reply in the message's thread ({thread.channel})", blocks_to_text(blocks))
         if note.key:
-            self._replied.add((thread.channel, thread.ts, note.key))
+            self._replied.add((thread.channel, thread.message_id, note.key))
 
     def find_reply(self, thread: MessageRef, key: str) -> bool:
         """Only a reply this process printed (as find_posted)."""
-        return (thread.channel, thread.ts, key) in self._replied
+        return (thread.channel, thread.message_id, key) in self._replied
 
-    def tell_user(self, channel: str, user: str, text: str) -> None:
-        self._print(f"Only {user} sees (in {channel})", self.redactor.text(text) + "\n")
+    def tell_user(self, channel: str, user: str, note: Note) -> None:
+        self._print(f"Only {user} sees (in {channel})", unescape(note_text(note, self.redactor)) + "\n")
 
     def group_members(self, group_id: str) -> set[str]:
         return set()
 
     def user_name(self, user_id: str) -> str | None:
         return "demo-approver" if user_id.startswith("U0DEMO") else None
+
+    def actor(self, user_id: str) -> str:
+        return audit_actor(user_id, self.user_name)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from fakes import FakeCluster, RecordingChat, kv_diagnosis
 
-from bot.app.policy import ApproverScope, parse_scopes
+from bot.app.policy import ApproverScope
 from bot.app.records import AlertTarget, MessageRef, Verification
 from bot.app.service import OncallService, Policy
 from bot.local.store import FolderIncidentStore
+from bot.slack.ids import parse_scopes
 
 DEPLOY, POD = "vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p"
 ALERTS, ELSEWHERE = "C0ALERTS", "C0RANDOM"  # RecordingChat posts alerts to C0ALERTS
@@ -36,8 +37,8 @@ def make(cluster, chat, folder, scopes="ml-*=U0ML;prod=U0PROD", **policy) -> Onc
 
 def opened(service, namespace):
     incident = service.handle_alert(AlertTarget(namespace=namespace, pod=POD, container="vllm"))
-    assert incident.state == "proposed" and incident.slack_channel == ALERTS
-    return incident, MessageRef(channel=ALERTS, ts=incident.slack_ts)
+    assert incident.state == "proposed" and incident.chat_channel == ALERTS
+    return incident, MessageRef(channel=ALERTS, message_id=incident.message_id)
 
 
 def test_an_approver_of_one_namespace_cannot_approve_in_another(cluster, chat, tmp_path):

@@ -17,7 +17,7 @@ from kubeapi.objects import container, crashing_deployment
 from slackapi import Chaos
 
 from bot.app.ports import ChatUnavailable
-from bot.app.records import AlertTarget, Incident, MessageRef, Note
+from bot.app.records import AlertTarget, Incident, MessageRef, Note, NoteKind
 from bot.app.service import OncallService, Policy
 from bot.kube.api import KubeApi
 from bot.kube.incidents import KubeIncidentStore
@@ -101,7 +101,7 @@ def assert_one_message(world: PostWorld, name: str) -> dict:
     stored = world.store.get(name)
     messages = world.messages_of(name)
     assert len(messages) == 1, f"{name}: {len(messages)} messages in the channel"
-    assert stored.slack_ts == messages[0]["ts"] and stored.slack_channel == CHANNEL
+    assert stored.message_id == messages[0]["ts"] and stored.chat_channel == CHANNEL
     assert messages[0]["metadata"] == {"event_type": EVENT_TYPE,
                                        "event_payload": {"incident": name, "post_key": stored.post_key}}
     assert stored.post_lease is None
@@ -119,13 +119,13 @@ def test_the_message_carries_the_post_key_stored_before_the_post(kube_api, slack
 
 def ambiguous_then_recovered(world: PostWorld) -> None:
     incident = world.alert("vllm-a")
-    assert incident.slack_ts is None
+    assert incident.message_id is None
     stored = world.store.get(incident.name)
     assert stored.post_lease is not None, "an ambiguous answer keeps the lease"
     assert "post answer unclear" in stored.history[-1]
     assert len(world.messages_of(incident.name)) == 1  # Slack did post it
     world.service.sweep()  # within the lease: nobody posts again
-    assert world.store.get(incident.name).slack_ts is None and len(world.messages_of(incident.name)) == 1
+    assert world.store.get(incident.name).message_id is None and len(world.messages_of(incident.name)) == 1
     world.sweep_past_the_lease()
     assert_one_message(world, incident.name)
     assert len(world.slack.attempts("chat.postMessage")) == 1, "found in the history, never posted again"
@@ -153,11 +153,11 @@ def test_a_kill_after_slack_posted_is_recovered_by_a_second_instance_without_a_s
     with pytest.raises(Killed):
         dying.alert("vllm-a")
     [stored] = dying.store.list()
-    assert stored.post_key and stored.post_lease is not None and stored.slack_ts is None
+    assert stored.post_key and stored.post_lease is not None and stored.message_id is None
     assert len(dying.messages_of(stored.name)) == 1
     second = PostWorld(kube_api, slack, clock, fresh=False)  # another replica, or the restarted process
     second.service.sweep()
-    assert second.store.get(stored.name).slack_ts is None, "the dead holder's lease still runs"
+    assert second.store.get(stored.name).message_id is None, "the dead holder's lease still runs"
     second.sweep_past_the_lease()
     assert_one_message(second, stored.name)
     assert len(slack.attempts("chat.postMessage")) == 1
@@ -186,12 +186,12 @@ def test_while_the_history_cannot_be_read_nothing_is_posted_again(kube_api, slac
     world = PostWorld(kube_api, slack, Clock())
     slack.fail_next("chat.postMessage", status=503, error="service_unavailable", retry_after=None)  # unclear
     incident = world.alert("vllm-a")
-    assert incident.slack_ts is None and slack.channel_messages(CHANNEL) == []
+    assert incident.message_id is None and slack.channel_messages(CHANNEL) == []
     slack.fail_next("conversations.history", status=503, error="service_unavailable", retry_after=None, times=100)
     for _ in range(3):
         world.sweep_past_the_lease()
         stored = world.store.get(incident.name)
-        assert stored.slack_ts is None and stored.post_lease is None  # looked, could not tell, let go
+        assert stored.message_id is None and stored.post_lease is None  # looked, could not tell, let go
         assert "could not check the channel" in stored.history[-1]
     assert len(slack.attempts("chat.postMessage")) == 1 and slack.channel_messages(CHANNEL) == []
     slack.clear_faults()
@@ -244,7 +244,7 @@ def test_find_posted_reads_back_page_by_page_to_the_attempts_start(slack):
     start = datetime.now(UTC) - timedelta(minutes=20)
     fill(slack, CHANNEL, 450, start.timestamp(), key_at=3)  # the oldest few: three pages back
     found = chat_for(slack).find_posted(None, "inc/k", start)
-    assert found is not None and found.ts == f"{start.timestamp() + 3:.6f}" and found.channel == CHANNEL
+    assert found is not None and found.message_id == f"{start.timestamp() + 3:.6f}" and found.channel == CHANNEL
     pages = slack.attempts("conversations.history")
     assert len(pages) == 3 and all(p.params["include_all_metadata"] in ("1", "true") for p in pages)
     assert float(pages[0].params["oldest"]) == pytest.approx((start - timedelta(minutes=10)).timestamp())
@@ -267,16 +267,16 @@ def test_find_posted_in_a_history_longer_than_its_bound_cannot_tell(slack):
 def test_find_reply_finds_the_bots_own_keyed_reply_in_the_thread_and_nothing_else(slack):
     chat = chat_for(slack)
     parent = chat.client.chat_postMessage(channel=CHANNEL, text="incident")
-    thread = MessageRef(channel=CHANNEL, ts=parent["ts"])
-    chat.reply(thread, Note(text="chatter"))
+    thread = MessageRef(channel=CHANNEL, message_id=parent["ts"])
+    chat.reply(thread, Note(kind=NoteKind.COMMENTARY, message="chatter"))
     assert not chat.find_reply(thread, "applied/d1")
-    chat.reply(thread, Note(text="Applied by someone", key="applied/d1"))
+    chat.reply(thread, Note(kind=NoteKind.APPLIED, actor="U0SOMEONE", key="applied/d1"))
     assert chat.find_reply(thread, "applied/d1") and not chat.find_reply(thread, "applied/d2")
     (keyed,) = [m for m in slack.threads[(CHANNEL, parent["ts"])] if m.get("metadata")]
     keyed["bot_id"] = "B0IMPOSTOR"  # the same key in another app's reply does not count
     assert not chat.find_reply(thread, "applied/d1")
     with pytest.raises(ChatUnavailable):  # a thread that cannot be read: cannot tell
-        chat.find_reply(MessageRef(channel=CHANNEL, ts="1.000001"), "applied/d1")
+        chat.find_reply(MessageRef(channel=CHANNEL, message_id="1.000001"), "applied/d1")
 
 
 @pytest.mark.parametrize("fault, ambiguous", [

@@ -79,7 +79,7 @@ def test_folder_get_missing_and_list_by_label(tmp_path):
     store = FolderIncidentStore(tmp_path)
     assert store.get("nope") is None
     store.create(make("a"))
-    store.create(make("b", namespace="other", state="diagnosed", slack_ts="1.2", slack_channel="C1"))
+    store.create(make("b", namespace="other", state="diagnosed", message_id="1.2", chat_channel="C1"))
     assert [i.name for i in store.list(namespace="inference")] == ["a"]
     assert [i.name for i in store.list(state="diagnosed")] == ["b"]
     assert [i.name for i in store.list(posted="false")] == ["a"]
@@ -113,7 +113,7 @@ def test_folder_cas_across_processes(tmp_path):
 
 
 def test_custom_object_round_trip():
-    incident = make(history=["a", "b"], restarts=7, slack_ts="1.2", slack_channel="C1")
+    incident = make(history=["a", "b"], restarts=7, message_id="1.2", chat_channel="C1")
     obj = to_custom_object(incident)
     assert obj["apiVersion"] == "oncall.vllm.ai/v1"
     assert obj["spec"]["state"] == "proposed" and obj["spec"]["cause"] == "kv-cache-max-model-len"
@@ -121,3 +121,21 @@ def test_custom_object_round_trip():
     obj["metadata"]["resourceVersion"] = "42"
     back = from_custom_object(obj)
     assert back == incident.model_copy(update={"version": "42"})
+
+
+def test_the_stored_record_keeps_the_keys_every_earlier_version_reads(tmp_path):
+    """The message fields are named for any chat in the code; the records already in a cluster
+    (and an older replica during a rolling upgrade) keep theirs, so nobody posts a message twice."""
+    import json
+
+    record = json.loads(to_custom_object(make(message_id="1.2", chat_channel="C1"))["spec"]["record"])
+    assert (record["slack_ts"], record["slack_channel"]) == ("1.2", "C1") and "message_id" not in record
+    # So does the folder store's file, and one it wrote before loads with its message.
+    store = FolderIncidentStore(tmp_path)
+    store.create(make("inc-2", message_id="5.6", chat_channel="C3"))
+    assert json.loads((tmp_path / "inc-2.json").read_text())["slack_ts"] == "5.6"
+    assert store.get("inc-2").message_ref().message_id == "5.6"
+    old = make().model_dump(mode="json", exclude={"message_id", "chat_channel"})
+    (tmp_path / "inc-1.json").write_text(json.dumps({**old, "slack_ts": "3.4", "slack_channel": "C2", "version": "1"}))
+    loaded = store.get("inc-1")
+    assert loaded is not None and loaded.message_ref() is not None and loaded.message_ref().message_id == "3.4"

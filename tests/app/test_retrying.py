@@ -40,9 +40,8 @@ def test_a_retry_after_longer_than_the_cap_waits_the_cap_and_says_so():
     waits: list[float] = []
     events: list[RetryEvent] = []
     fn, calls = flaky([Busy(retry_after=3600), Busy(retry_after=2)])
-    result = policy(waits, max_retry_after=60).run(fn, reason_of=reason_of,
-                                                   retry_after_of=lambda e: getattr(e, "retry_after", None),
-                                                   on_retry=events.append)
+    result = policy(waits, max_retry_after=60, count=events.append).run(
+        fn, api="test", call="busy call", reason_of=reason_of, retry_after_of=lambda e: getattr(e, "retry_after", None))
     assert result == "ok" and len(calls) == 3
     assert waits == [60, 2]
     assert [(e.reason, e.attempt, e.capped) for e in events] == [("busy", 1, True), ("busy", 2, False)]
@@ -52,7 +51,7 @@ def test_backoff_grows_and_the_attempts_are_bounded():
     waits: list[float] = []
     fn, calls = flaky([Busy() for _ in range(10)])
     with pytest.raises(Busy):
-        policy(waits, attempts=4, initial=0.5, maximum=1.5).run(fn, reason_of=reason_of)
+        policy(waits, attempts=4, initial=0.5, maximum=1.5).run(fn, api="test", call="busy call", reason_of=reason_of)
     assert len(calls) == 4 and waits == [0.5, 1.0, 1.5]
 
 
@@ -60,5 +59,5 @@ def test_a_failure_that_may_not_be_retried_is_raised_at_once():
     waits: list[float] = []
     fn, calls = flaky([Refused()])
     with pytest.raises(Refused):
-        policy(waits).run(fn, reason_of=reason_of)
+        policy(waits).run(fn, api="test", call="busy call", reason_of=reason_of)
     assert len(calls) == 1 and waits == []

@@ -88,11 +88,11 @@ def test_the_sweep_runs_in_every_cluster_even_when_one_fails(router):
     eu = router.services["prod-eu"]
     chat.down = True  # prod-eu's incident is opened but its post fails
     opened = eu.handle_alert(AlertTarget(namespace=NS, pod=POD, container="vllm"))
-    assert opened is not None and not opened.slack_ts and chat.posts == []
+    assert opened is not None and not opened.message_id and chat.posts == []
     chat.down = False
     router.services["prod"].store.down = True  # the default cluster's sweep fails at once
     router.sweep()  # must not raise, and must still sweep prod-eu
-    assert chat.posts == [(opened.name, "C0ALERTS")] and eu.store.get(opened.name).slack_ts
+    assert chat.posts == [(opened.name, "C0ALERTS")] and eu.store.get(opened.name).message_id
 
 
 def test_a_router_refuses_an_empty_or_twice_served_or_unknown_default(tmp_path):

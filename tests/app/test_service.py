@@ -16,6 +16,7 @@ from bot.app.state import IncidentState
 from bot.diagnosis.models import DiagnosisResult
 from bot.kube.incidents import from_custom_object
 from bot.local.store import FolderIncidentStore
+from bot.slack.notes import note_text
 
 NS, DEPLOY = "inference", "vllm-llama3-8b"
 POD_A, POD_B = "vllm-llama3-8b-7d9f8c6b5-x2k4p", "vllm-llama3-8b-7d9f8c6b5-q9z7w"
@@ -51,7 +52,7 @@ def alert(pod=POD_A, firing=True):
 
 def test_one_incident_per_workload_and_cause(service, chat):
     first = service.handle_alert(alert())
-    assert first.state == "proposed" and first.slack_ts
+    assert first.state == "proposed" and first.message_id
     service.handle_alert(alert())  # Alertmanager's repeat_interval
     service.handle_alert(alert(POD_B))  # a second pod of the same Deployment
     assert len(chat.posts) == 1
@@ -86,7 +87,7 @@ def test_approve_applies_once_and_reports_the_rollout(service, chat, cluster):
     stored = service.store.get(incident.name)
     assert stored.state == "verified" and stored.approver == APPROVER
     assert "applying" in [u[1] for u in chat.updates] and chat.updates[-1][1] == "verified"
-    texts = [n.text for _, n in chat.replies]
+    texts = [note_text(n) for _, n in chat.replies]
     assert any("Applied by <@U0APPROVER>" in t for t in texts)
     assert any("GPU KV cache size: 18,432 tokens" in t for t in texts)
 
@@ -108,8 +109,8 @@ def test_concurrent_approvals_apply_exactly_once(cluster, chat, tmp_path):
 
 def test_not_allowed_user_changes_nothing(service, chat, cluster):
     incident = service.handle_alert(alert())
-    assert service.approve(incident.name, STRANGER, MessageRef(channel="C0ALERTS", ts="1.0001")) == "not_allowed"
-    assert service.reject(incident.name, STRANGER, MessageRef(channel="C0ALERTS", ts="1.0001")) == "not_allowed"
+    assert service.approve(incident.name, STRANGER, MessageRef(channel="C0ALERTS", message_id="1.0001")) == "not_allowed"
+    assert service.reject(incident.name, STRANGER, MessageRef(channel="C0ALERTS", message_id="1.0001")) == "not_allowed"
     assert cluster.applied == [] and service.store.get(incident.name).state == "proposed"
     assert chat.told and chat.told[0][0] == STRANGER and "not allowed" in chat.told[0][1]
 
@@ -156,8 +157,8 @@ def test_conflict_refuses_and_re_diagnoses(cluster, chat, tmp_path):
     assert svc.approve(incident.name, APPROVER) == "conflict"
     stored = svc.store.get(incident.name)
     assert stored.state == "proposed" and stored.proposal.changes[0].after == "16384"
-    assert "edited since the proposal" in chat.replies[-1][1].text
-    assert "containers[vllm].args" in chat.replies[-1][1].text
+    assert "edited since the proposal" in note_text(chat.replies[-1][1])
+    assert "containers[vllm].args" in note_text(chat.replies[-1][1])
     assert svc.approve(incident.name, APPROVER) == "applied"  # the new proposal works
 
 
@@ -185,13 +186,13 @@ def test_failed_patch_keeps_nothing_stuck(service, chat, cluster):
 def test_slack_outage_loses_nothing_and_posts_once(service, chat):
     chat.down = True
     incident = service.handle_alert(alert())
-    assert incident.slack_ts is None and chat.posts == []
+    assert incident.message_id is None and chat.posts == []
     service.handle_alert(alert())  # still down: still kept
     chat.down = False
     service.sweep()
     service.sweep()
     assert len(chat.posts) == 1
-    assert service.store.get(incident.name).slack_ts is not None
+    assert service.store.get(incident.name).message_id is not None
 
 
 def test_two_replicas_post_once(cluster, chat, tmp_path):
@@ -282,7 +283,7 @@ def test_why_on_an_open_incident_shows_the_same_proposal_and_a_click_updates_bot
     incident = service.handle_alert(alert())
     service.answer_why(f"{NS}/{POD_A}", "C0HERE", "U0ASKER")
     assert chat.posts == [(incident.name, "C0ALERTS"), (incident.name, "C0HERE")]
-    copy = MessageRef(channel="C0HERE", ts="2.0001")
+    copy = MessageRef(channel="C0HERE", message_id="2.0001")
     assert service.approve(incident.name, APPROVER, copy) == "applied"
     assert {u[2].channel for u in chat.updates if u[1] == "applied"} == {"C0ALERTS", "C0HERE"}
     assert all(thread == copy for thread, _ in chat.replies)  # the thread of the message clicked
@@ -304,7 +305,7 @@ def test_crashing_again_after_resolved_with_an_expired_proposal_gets_a_fresh_one
     svc.policy.proposal_ttl = timedelta(hours=1)  # the operator raised the TTL meanwhile
     again = svc.handle_alert(alert())
     assert again.state == "proposed" and again.proposal.expires_at > incident.proposal.expires_at
-    assert len(chat.posts) == 1 and "Crash-looping again" in chat.replies[-1][1].text
+    assert len(chat.posts) == 1 and "Crash-looping again" in note_text(chat.replies[-1][1])
 
 
 # ---- typed state, post lease and applied change ---------------------------------------------
@@ -320,7 +321,7 @@ def test_a_post_lease_keeps_other_posters_out_until_it_runs_out(cluster, chat, t
     chat.down = True
     incident = svc.handle_alert(alert())
     stored = svc.store.get(incident.name)
-    assert stored.slack_ts is None and stored.post_lease is None  # the failed post released it
+    assert stored.message_id is None and stored.post_lease is None  # the failed post released it
     # Another replica takes the lease, then dies before posting.
     svc.store.update(stored.model_copy(update={"post_lease": Lease(holder="replica-b/0000",
                                                                         until=T0 + timedelta(seconds=60))}))
@@ -331,7 +332,7 @@ def test_a_post_lease_keeps_other_posters_out_until_it_runs_out(cluster, chat, t
     svc.sweep()
     assert chat.posts == [(incident.name, "C0ALERTS")]
     posted = svc.store.get(incident.name)
-    assert posted.slack_ts == "1.0001" and posted.post_lease is None
+    assert posted.message_id == "1.0001" and posted.post_lease is None
 
 
 def test_approve_records_the_applied_change_and_its_rollout(service, cluster):
@@ -378,7 +379,7 @@ def test_a_late_rollout_result_does_not_undo_a_rollback(cluster, chat, tmp_path)
     cluster.verification = Verification(outcome="ready", pod="new-pod", message="Ready")
     later[0]()  # the follow-up queued by approve runs only now
     assert svc.store.get(incident.name).state == "rolled-back"
-    assert "is Ready" in chat.replies[-1][1].text  # still reported in the thread
+    assert "is Ready" in note_text(chat.replies[-1][1])  # still reported in the thread
 
 
 def test_a_resolved_alert_leaves_an_incident_mid_apply_alone(service):

@@ -57,7 +57,7 @@ class World:
         pod = next(p["metadata"]["name"] for p in self.kube.list("Pod", NS) if p["metadata"]["name"].startswith(
             workload + "-"))
         incident = self.service.handle_alert(AlertTarget(namespace=NS, pod=pod, container="vllm"))
-        assert incident is not None and incident.slack_ts and incident.state == "proposed"
+        assert incident is not None and incident.message_id and incident.state == "proposed"
         return incident
 
     def click(self, value: str, ts: str, action: str = "vllm_approve", body: str | None = None):
@@ -107,7 +107,7 @@ def test_the_button_carries_the_digest_of_the_proposal_shown_and_approve_applies
     approve = next(e for b in post.params["blocks"] if b["type"] == "actions" for e in b["elements"])
     assert approve["value"] == decision_value(incident) and incident.proposal.intact()
     assert incident.proposal.workload.uid == world.kube.get("Deployment", "vllm-a", NS)["metadata"]["uid"]
-    world.click(approve["value"], incident.slack_ts)
+    world.click(approve["value"], incident.message_id)
     assert world.store.get(incident.name).state in ("applied", "verified", "failed")  # verification is not ours
     assert len(world.patches()) == 1 and world.args("vllm-a") != ARGS
     record = json.loads(world.kube.get("Deployment", "vllm-a", NS)["metadata"]["annotations"][
@@ -150,7 +150,7 @@ def _patch(p):
 def test_an_edited_incident_object_is_never_applied(world, edit, outcome):
     incident = world.alert("vllm-a")
     edited = world.tamper(incident.name, edit)
-    world.click(f"{incident.name}|{edited.digest}", incident.slack_ts)  # even a click carrying the forged digest
+    world.click(f"{incident.name}|{edited.digest}", incident.message_id)  # even a click carrying the forged digest
     assert world.patches() == [], "nothing may be patched"
     assert world.args("vllm-a") == ARGS and world.args("vllm-b") == ARGS
     assert world.kube.get("Deployment", "vllm-a", "kube-system")["spec"] == world.kube_system_before
@@ -169,19 +169,19 @@ def test_a_stale_digest_after_a_re_proposal_is_refused_and_the_old_message_loses
     # someone edits the Deployment: the apply conflicts and the bot re-proposes under a new digest
     world.kube.edit("Deployment", "vllm-a", NS, lambda d: d["spec"]["template"]["spec"]["containers"][0].update(
         args=["--max-model-len", "30000", "--gpu-memory-utilization", "0.9"]))
-    world.click(old_value, incident.slack_ts)
+    world.click(old_value, incident.message_id)
     reproposed = world.store.get(incident.name)
     assert reproposed.state == "proposed" and reproposed.proposal.digest != incident.proposal.digest
-    last = [c for c in world.slack.delivered("chat.update") if c.params["ts"] == incident.slack_ts][-1]
+    last = [c for c in world.slack.delivered("chat.update") if c.params["ts"] == incident.message_id][-1]
     assert old_value not in json.dumps(last.params["blocks"])  # the message now carries only the new digest
-    world.click(old_value, incident.slack_ts)  # the old value again (a copy of the message not updated)
+    world.click(old_value, incident.message_id)  # the old value again (a copy of the message not updated)
     assert "this proposal was replaced; see the newest message" in world.told()[-1]
     assert world.patches() == [] and world.store.get(incident.name).state == "proposed"
 
 
 def test_a_replayed_signed_click_applies_nothing(world):
     incident = world.alert("vllm-a")
-    body = world.click(decision_value(incident), incident.slack_ts)
+    body = world.click(decision_value(incident), incident.message_id)
     assert len(world.patches()) == 1
     applied_args = world.args("vllm-a")
     world.click("", "", body=body)  # the very same signed request again
@@ -193,7 +193,7 @@ def test_a_replayed_signed_click_applies_nothing(world):
 def test_one_incidents_button_value_on_anothers_message_changes_neither(world):
     a, b = world.alert("vllm-a"), world.alert("vllm-b")
     updates_before = len(world.slack.delivered("chat.update"))
-    world.click(decision_value(a), b.slack_ts)  # A's value, B's message
+    world.click(decision_value(a), b.message_id)  # A's value, B's message
     assert world.patches() == []
     assert world.store.get(a.name).state == world.store.get(b.name).state == "proposed"
     assert len(world.slack.delivered("chat.update")) == updates_before  # neither message was re-rendered
@@ -202,7 +202,7 @@ def test_one_incidents_button_value_on_anothers_message_changes_neither(world):
 
 def test_an_old_button_without_a_digest_is_refused_with_a_clear_message(world):
     incident = world.alert("vllm-a")
-    world.click(incident.name, incident.slack_ts)
+    world.click(incident.name, incident.message_id)
     assert world.patches() == [] and world.store.get(incident.name).state == "proposed"
     assert "older message" in world.told()[-1]
 
@@ -244,7 +244,7 @@ def assert_exactly_once(world, incidents) -> dict[str, int]:
             assert records and records[0]["digest"] == final.proposal.digest  # applied: and it is on the workload
         else:
             assert final.state in ("failed", "proposed") and records == []  # refused or re-proposed: nothing applied
-        assert any(incident.slack_ts == c.params.get("thread_ts") for c in world.slack.replies()), "reported"
+        assert any(incident.message_id == c.params.get("thread_ts") for c in world.slack.replies()), "reported"
     return outcomes
 
 
@@ -254,7 +254,7 @@ def test_under_30_percent_injected_failures_every_approval_ends_applied_or_refus
                                    resources={"deployments", "vllmincidents"})
     for incident in incidents:
         try:
-            world.click(decision_value(incident), incident.slack_ts)
+            world.click(decision_value(incident), incident.message_id)
         except AssertionError:
             pass  # the click's listener died on a fault before answering: the sweep must recover it
     for _ in range(5):  # later sweeps, still under faults
@@ -281,7 +281,7 @@ def test_a_kill_at_claim_or_patch_is_resumed_by_a_second_instance_once(kube_api,
     else:
         kube_api.fail_commit("patch", "deployments", "after", "drop")
         kube_api.fail("get", "deployments", 503)  # and it cannot read back either: as good as dead
-        world.click(decision_value(incident), incident.slack_ts)
+        world.click(decision_value(incident), incident.message_id)
         kube_api.commit_faults.clear()
         kube_api.faults.clear()
     assert world.store.get(incident.name).state == "applying"
@@ -303,7 +303,7 @@ def test_a_patch_that_could_outlast_the_apply_grace_is_not_started_and_the_sweep
     world.service.policy.apply_grace, world.service.policy.patch_seconds = timedelta(seconds=2), 1.0
     # The claim commits, its answer comes 1.2 s late: the patch could no longer end inside the grace.
     kube_api.fail_commit("patch", "vllmincidents", "after", "slow", seconds=1.2)
-    world.click(decision_value(incident), incident.slack_ts)
+    world.click(decision_value(incident), incident.message_id)
     assert slack.wait_for(lambda: any("too slowly to patch safely" in c.params["text"] for c in slack.replies()), 60)
     assert world.patches() == [] and world.store.get(incident.name).state == "applying"
     world.service.sweep()  # inside the grace: nobody takes it over

@@ -105,3 +105,69 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+# ---- plan --vllm-version: the flags a target release lacks or renamed (issue 22) -------------
+
+
+def flag_manifest(tmp_path, args):
+    doc = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "qwen", "namespace": "inference"},
+           "spec": {"template": {"spec": {"containers": [
+               {"name": "vllm", "image": "vllm/vllm-openai:v0.16.0", "args": ["Qwen/Qwen2.5-7B-Instruct", *args]}]}}}}
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_plan_vllm_version_names_a_removed_flag_and_exits_1(tmp_path, capsys):
+    manifest = flag_manifest(tmp_path, ["--disable-log-requests", "--max-model-len", "8192"])
+    code, doc, _ = plan_json(capsys, manifest, "--vllm-version", "0.32")
+    assert code == 1
+    assert [(r["flag"], r["state"], r["removed_in"]) for r in doc["flags"]["refused"]] == \
+        [("--disable-log-requests", "removed", "0.17.1")]
+    assert "predicted_crash" not in doc  # no node given: only the command line is checked
+
+
+def test_plan_vllm_version_0_33_with_disable_log_requests(tmp_path, capsys):
+    """0.33's EnableDisableAction accepts --disable-log-requests again as the off switch of
+    --enable-log-requests: plan says so (and that the flag itself went in 0.17), and still names
+    the flags 0.33 lacks (exit 1)."""
+    manifest = flag_manifest(tmp_path, ["--disable-log-requests", "--swap-space", "4"])
+    code = main(["plan", manifest, "--vllm-version", "0.33"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "--disable-log-requests: accepted only as the off/on twin of --enable-log-requests" in out
+    assert "removed in vLLM 0.17.1" in out
+    assert "--swap-space: --swap-space is gone from vLLM 0.18.1" in out and "-> remove it" in out
+    assert main(["plan", flag_manifest(tmp_path, ["--disable-log-requests"]), "--vllm-version", "0.33"]) == 0
+
+
+def test_plan_vllm_version_names_the_new_spelling(tmp_path, capsys):
+    code, doc, _ = plan_json(capsys, flag_manifest(tmp_path, ["--cuda-graph-sizes", "8"]), "--vllm-version", "0.13.0")
+    assert code == 1 and doc["flags"]["refused"][0]["use_instead"] == "--cudagraph-capture-sizes"
+
+
+def test_plan_vllm_version_with_every_flag_accepted_exits_0(tmp_path, capsys):
+    manifest = flag_manifest(tmp_path, ["--max-model-len", "8192", "-tp", "1", "--device-memory-utilization", "0.9"])
+    code, doc, _ = plan_json(capsys, manifest, "--vllm-version", "0.33.0")
+    assert code == 0 and doc["flags"]["accepts_every_flag"] is True
+    # the alias is newer than 0.30: named, with the spelling 0.30 has
+    code, doc, _ = plan_json(capsys, manifest, "--vllm-version", "0.30.0")
+    assert code == 1 and doc["flags"]["refused"][0]["use_instead"] == "--gpu-memory-utilization"
+
+
+def test_plan_vllm_version_with_a_node_checks_both(tmp_path, capsys):
+    bundle = FIXTURE_BUNDLES / "kv-v1-0.10-estimate"
+    code, doc, _ = plan_json(capsys, str(deployment_of(bundle, tmp_path)), "--node", str(bundle / "node.yaml"),
+                             "--vllm-version", "0.10.1")
+    assert code == 1 and doc["fits"] is False and doc["flags"]["accepts_every_flag"] is True
+
+
+@pytest.mark.parametrize(("version", "message"), [
+    ("abc", "is not a vLLM version"), ("0.40", "the flag table holds vLLM 0.6.0 to 0.33.0"),
+    ("0.5.4", "the flag table holds vLLM 0.6.0 to 0.33.0")])
+def test_plan_vllm_version_bad_input_is_one_line_and_exit_2(version, message, tmp_path, capsys):
+    code = main(["plan", flag_manifest(tmp_path, ["--max-model-len", "8192"]), "--vllm-version", version])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1 and message in captured.err

@@ -14,8 +14,8 @@ from builders import free_port, http
 from slackapi import SlackStandIn
 from slackapi.requests import command_payload
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 ROOT = Path(__file__).resolve().parents[2]
 

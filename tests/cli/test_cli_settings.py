@@ -21,8 +21,8 @@ GOOD = {"VLLM_ONCALL_CLUSTER": "prod-eu", "SLACK_BOT_TOKEN": "xoxb-1-2-abc", "SL
 def test_good_environment():
     s = load_settings(GOOD)
     assert s.cluster_name == "prod-eu" and s.approver_users == ["U0AAA", "U0BBB"]
-    assert s.alertnames == ["KubePodCrashLooping"] and s.proposal_ttl_seconds == 3600
-    assert s.host_port == ("0.0.0.0", 8080)
+    assert s.http.alertnames == ["KubePodCrashLooping"] and s.proposal_ttl_seconds == 3600
+    assert s.http.host_port == ("0.0.0.0", 8080)
 
 
 def test_every_problem_is_named_at_once():
@@ -52,7 +52,7 @@ def test_file_then_environment(tmp_path):
     f = tmp_path / "oncall.yaml"
     f.write_text("cluster_name: from-file\nworkers: 8\napprover_groups: [S0ONCALL]\nalertnames: [A, B]\n")
     s = load_settings({k: v for k, v in GOOD.items() if k != "VLLM_ONCALL_CLUSTER"}, f)
-    assert s.cluster_name == "from-file" and s.workers == 8 and s.alertnames == ["A", "B"]
+    assert s.cluster_name == "from-file" and s.http.workers == 8 and s.http.alertnames == ["A", "B"]
     assert load_settings(GOOD, f).cluster_name == "prod-eu"  # the environment wins
     f.write_text("cluster_nmae: typo\n")
     with pytest.raises(SettingsError, match="unknown setting 'cluster_nmae'"):
@@ -119,7 +119,7 @@ def test_config_keys_are_the_variables_in_lower_case_or_the_setting_names(tmp_pa
     f.write_text("vllm_oncall_cluster: from-file\nslack_bot_token: xoxb-1\nslack_signing_secret: s\n"
                  "VLLM_ONCALL_SLACK_CHANNEL: C0ALERTS\napprover_users: [U0A]\nvllm_oncall_playbooks: [/a, /b]\n")
     s = load_settings({}, f)
-    assert s.cluster_name == "from-file" and s.slack_channel == "C0ALERTS" and s.playbooks == [Path("/a"), Path("/b")]
+    assert s.cluster_name == "from-file" and s.slack.channel == "C0ALERTS" and s.playbooks == [Path("/a"), Path("/b")]
     f.write_text(f.read_text() + "cluster_name: twice\n")
     with pytest.raises(SettingsError, match="'cluster_name' sets cluster_name a second time"):
         load_settings({}, f)
@@ -145,12 +145,12 @@ def test_the_alert_channel_must_be_an_id_the_history_can_be_read_by(channel):
     with pytest.raises(SettingsError) as err:
         load_settings({**GOOD, "VLLM_ONCALL_SLACK_CHANNEL": channel})
     assert str(err.value).startswith("invalid configuration: VLLM_ONCALL_SLACK_CHANNEL: must be the channel's ID")
-    assert load_settings({**GOOD, "VLLM_ONCALL_SLACK_CHANNEL": "G0PRIVATE"}).slack_channel == "G0PRIVATE"
+    assert load_settings({**GOOD, "VLLM_ONCALL_SLACK_CHANNEL": "G0PRIVATE"}).slack.channel == "G0PRIVATE"
 
 
 def test_the_socket_mode_ping_interval_is_a_positive_number_of_seconds():
-    assert load_settings(GOOD).slack_ping_seconds == 10  # Bolt's own default
-    assert load_settings({**GOOD, "VLLM_ONCALL_SLACK_PING_SECONDS": "2.5"}).slack_ping_seconds == 2.5
+    assert load_settings(GOOD).slack.ping_seconds == 10  # Bolt's own default
+    assert load_settings({**GOOD, "VLLM_ONCALL_SLACK_PING_SECONDS": "2.5"}).slack.ping_seconds == 2.5
     for bad in ("0", "often", "600"):
         with pytest.raises(SettingsError) as err:
             load_settings({**GOOD, "VLLM_ONCALL_SLACK_PING_SECONDS": bad})
@@ -158,10 +158,10 @@ def test_the_socket_mode_ping_interval_is_a_positive_number_of_seconds():
 
 
 def test_the_recovery_time_outs_default_to_what_they_were_and_reach_the_wiring(slack, tmp_path):
-    from bot.cli.serve import build_server
+    from bot.cli.wiring import build_server
 
     s = load_settings(GOOD)
-    assert (s.post_lease_seconds, s.apply_grace_seconds, s.slack_timeout_seconds) == (60, 120, 10)
+    assert (s.post_lease_seconds, s.apply_grace_seconds, s.slack.timeout_seconds) == (60, 120, 10)
     env = {**GOOD, "SLACK_API_URL": slack.url, "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "folder",
            "VLLM_ONCALL_STATE_DIR": str(tmp_path), "VLLM_ONCALL_CLUSTER_SOURCE": "local",
            "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS": "2",  # renews verify leases well inside the shortest grace here
@@ -213,3 +213,15 @@ def test_a_kubernetes_patch_ends_within_half_the_apply_grace(kube_api):
     api = KubeApi(kube_api.api_client(), patch_within=4)
     assert (api.patch_timeout, api.patch_retry.budget) == (2, 2)
     assert api.retry.budget is None and api.request_timeout == 30  # the other calls are as they were
+
+
+def test_the_llm_settings_are_read_with_the_others_and_a_bad_one_is_one_line_naming_its_variable():
+    assert load_settings(GOOD).llm.endpoint() is None  # nothing is sent unless a base URL is set
+    llm = load_settings({**GOOD, "VLLM_ONCALL_LLM_BASE_URL": "http://llm:8000/v1", "VLLM_ONCALL_LLM_MODEL": "m",
+                         "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": "2.5", "VLLM_ONCALL_LLM_API_KEY": "sk-secret"}).llm.endpoint()
+    assert llm is not None and (llm.base_url, llm.model, llm.timeout_seconds) == ("http://llm:8000/v1", "m", 2.5)
+    with pytest.raises(SettingsError) as err:
+        load_settings({**GOOD, "VLLM_ONCALL_LLM_BASE_URL": "http://llm:8000/v1",
+                       "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": "soon"})
+    assert str(err.value).startswith("invalid configuration: VLLM_ONCALL_LLM_TIMEOUT_SECONDS:")
+    assert "\n" not in str(err.value)

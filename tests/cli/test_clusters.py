@@ -18,8 +18,8 @@ from builders import EXAMPLE_LOG, http, kubeconfig_with
 from kubeapi.objects import container, crashing_deployment
 from slackapi.requests import button_value, click_body, command_body, signed_headers
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 SECRET = "two-clusters-secret"
 NS, DEPLOY, APPROVER, CHANNEL = "inference", "vllm", "U0APPROVER", "C0ALERTS"

@@ -1,5 +1,6 @@
 """The Dockerfile, run without a container engine: its COPY and RUN steps, read from the file
-itself, build the wheel and install it into a fresh venv; then the installed `vllm-oncall` runs
+itself, install the locked dependencies (deploy/requirements.lock, every one by hash) and the
+built wheel into a fresh venv; then the installed `vllm-oncall` runs
 from another directory as a non-root user with a read-only install and working directory, as in
 the image (and as any `pip install` of the wheel would).
 
@@ -64,29 +65,60 @@ def test_dockerfile_shape():
     froms = [rest for word, rest in instructions(DOCKERFILE) if word == "FROM"]
     assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"]
     arg = next(rest for word, rest in instructions(DOCKERFILE) if word == "ARG")
-    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm", arg), "a pinned slim Python base"
+    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", arg), \
+        "a slim Python base pinned by digest"
     final = dict(FINAL)
     assert final["USER"] == f"{NON_ROOT}:{NON_ROOT}" and final["ENTRYPOINT"] == '["vllm-oncall"]'
     assert "HEALTHCHECK" in final and "/healthz" in final["HEALTHCHECK"]
-    assert [w for w, _ in FINAL if w == "COPY"] == []  # the final stage gets the wheels only, by a bind mount
-    (run,) = [rest for w, rest in FINAL if w == "RUN"]
-    assert run.startswith("--mount=type=bind,from=build,source=/wheels,target=/wheels ")
-    assert "--no-index" in run  # nothing but the built wheels
+    # no BuildKit-only syntax: a plain `docker build` works
+    assert "--mount" not in DOCKERFILE and not DOCKERFILE.lstrip().startswith("# syntax")
+    # the final stage gets the built venv only: no RUN, no source, no wheels
+    assert [w for w, _ in FINAL if w == "RUN"] == []
+    assert [rest for w, rest in FINAL if w == "COPY"] == ["--from=build /opt/vllm-oncall /opt/vllm-oncall"]
+    install, bot = [rest for w, rest in BUILD if w == "RUN"]
+    assert "--require-hashes" in install and "-r deploy/requirements.lock" in install  # every dependency locked
+    assert "--no-deps" in bot and "--no-index" in bot and "--no-build-isolation" in bot  # nothing unlocked comes in
+
+
+def requirement_names(lines) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0].lower().replace("_", "-").replace(".", "-") for line in lines}
+
+
+def test_the_lock_pins_every_runtime_dependency_by_version_and_hash():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    lock = (ROOT / "deploy" / "requirements.lock").read_text()
+    pinned = {}
+    for block in re.split(r"\n(?=[a-z0-9])", lock.split("\n", 1)[1] if lock.startswith("#") else lock):
+        line = block.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, version = line.split(" ", 1)[0].partition("==")
+        assert version, f"not pinned: {line.splitlines()[0]}"
+        assert "--hash=sha256:" in block, f"no hash: {name}"
+        pinned[name.lower().replace("_", "-").replace(".", "-")] = version
+    wanted = requirement_names(project["project"]["dependencies"] + project["project"]["optional-dependencies"]["llm"]
+                               + project["build-system"]["requires"])
+    assert wanted <= set(pinned), f"not in deploy/requirements.lock: {sorted(wanted - set(pinned))} (make lock)"
 
 
 # ---- .dockerignore -------------------------------------------------------------------------
 
 
 def ignored(relative: str, patterns: list[str]) -> bool:
+    """.dockerignore's rule: the last pattern that matches decides; `!pattern` keeps a path."""
     parts = relative.split("/")
-    for pattern in patterns:
+    verdict = False
+    for line in patterns:
+        keep = line.startswith("!")
+        pattern = line.removeprefix("!")
         bare = pattern.removeprefix("**/")
         if fnmatch.fnmatch(relative, pattern) or any(fnmatch.fnmatch("/".join(parts[:i + 1]), pattern)
-                                                     for i in range(len(parts))):
-            return True
-        if pattern.startswith("**/") and any(fnmatch.fnmatch(p, bare) for p in parts):
-            return True
-    return False
+                                                     for i in range(len(parts))) \
+                or (pattern.startswith("**/") and any(fnmatch.fnmatch(p, bare) for p in parts)):
+            verdict = not keep
+    return verdict
 
 
 IGNORE = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines() if p.strip() and not p.startswith("#")]
@@ -97,7 +129,8 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
         if word == "COPY":
             for source in shlex.split(rest)[:-1]:
                 assert not ignored(source.rstrip("/"), IGNORE), source
-    for heavy in (".git", ".venv", "tests", "bot/__pycache__", "bot/cli/__pycache__/x.pyc", "build"):
+    for heavy in (".git", ".venv", "tests", "bot/__pycache__", "bot/cli/__pycache__/x.pyc", "build", "deploy/chart",
+                  "deploy/base/rbac.yaml"):
         assert ignored(heavy, IGNORE), heavy
 
 
@@ -165,15 +198,22 @@ def run_stage(root: Root, steps: list[tuple[str, str]]) -> None:
         if word == "WORKDIR":
             workdir = root.path(rest)
             workdir.mkdir(parents=True, exist_ok=True)
+        elif word == "COPY" and rest.startswith("--from=build "):
+            # from the build stage: here both stages share one filesystem, so only check it is there
+            *sources, destination = shlex.split(rest.removeprefix("--from=build "))
+            assert sources == [destination] and root.path(destination).is_dir(), rest
         elif word == "COPY":
             *sources, destination = shlex.split(rest)
             target = workdir / destination
+            if len(sources) == 1 and (ROOT / sources[0]).is_file() and not destination.endswith("/"):
+                target.parent.mkdir(parents=True, exist_ok=True)  # COPY FILE PATH: PATH is the file
+                shutil.copy2(ROOT / sources[0], target)
+                continue
             target.mkdir(parents=True, exist_ok=True)
             for source in sources:
                 copy_context(source, target)
         elif word == "RUN":
-            command = re.sub(r"^(--mount=\S+\s+)+", "", rest)  # the bind mount: /wheels is already there
-            root.run(command, workdir)
+            root.run(rest, workdir)
 
 
 def read_only(folder: Path) -> None:

@@ -192,9 +192,9 @@ def test_approve_over_signed_http_patches_the_deployment_and_reports_the_rollout
     am, slack, bot, kube = world["am"], world["slack"], world["bot"], world["kube"]
     kube.on_write = rollout_controller("ready", log=NEW_POD_LOG)  # the Deployment controller's part
     am.fire(world["pods"][0])
-    wait_until(lambda: any(i.slack_ts for i in world["store"].list()), 90, "the incident message")
+    wait_until(lambda: any(i.message_id for i in world["store"].list()), 90, "the incident message")
     incident = world["store"].list()[0]
-    body = click_body("vllm_approve", decision_value(incident), "U0APPROVER", incident.slack_ts)
+    body = click_body("vllm_approve", decision_value(incident), "U0APPROVER", incident.message_id)
     headers = {k: v[0] for k, v in signed_headers(body, SIGNING_SECRET).items()}
     req = urllib.request.Request(bot.url + "/slack/events", data=body.encode(), headers=headers)
     with urllib.request.urlopen(req, timeout=10) as r:
@@ -209,4 +209,4 @@ def test_approve_over_signed_http_patches_the_deployment_and_reports_the_rollout
     wait_until(lambda: "Applied by <@U0APPROVER>" in json.dumps(slack.delivered("chat.update")[-1].params["blocks"]),
                30, "the message re-rendered as verified")
     final = slack.delivered("chat.update")[-1]
-    assert "Applied by <@U0APPROVER>" in json.dumps(final.params["blocks"]) and final.params["ts"] == incident.slack_ts
+    assert "Applied by <@U0APPROVER>" in json.dumps(final.params["blocks"]) and final.params["ts"] == incident.message_id

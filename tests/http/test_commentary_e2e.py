@@ -13,8 +13,8 @@ from kubeapi.objects import container, crashing_deployment
 from openai_standin import OpenAIStandIn, wait_until
 from test_redaction_e2e import EXAMPLE_LOG, alert, post
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 pytestmark = pytest.mark.integration
 
@@ -37,13 +37,12 @@ def case(request, kube_api, slack, tmp_path, monkeypatch):
     _, pod = crashing_deployment(kube_api, name="vllm-llama3-8b", previous_log=EXAMPLE_LOG, containers=[
         container(command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"], args=list(ARGS))])
     use_kubeconfig(monkeypatch, kube_api.url, tmp_path)
-    monkeypatch.setenv("VLLM_ONCALL_LLM_BASE_URL", llm.url)
-    monkeypatch.setenv("VLLM_ONCALL_LLM_TIMEOUT_SECONDS", llm_timeout)
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "llm-test", "SLACK_BOT_TOKEN": "xoxb-llm", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": "s", "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0A",
         "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube",
-        "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall", "VLLM_ONCALL_CLUSTER_SOURCE": "kube"})
+        "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall", "VLLM_ONCALL_CLUSTER_SOURCE": "kube",
+        "VLLM_ONCALL_LLM_BASE_URL": llm.url, "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": llm_timeout})
     server, _ = build_server(settings)
     server.start()
     yield {"name": request.param, "outcome": outcome, "kube": kube_api, "slack": slack, "bot": server,

@@ -22,8 +22,8 @@ from kubeapi.objects import container, crashing_deployment, rollout_controller
 from openai_standin import OpenAIStandIn, wait_until
 from slackapi.requests import button_value, click_body, signed_headers
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 pytestmark = pytest.mark.integration
 
@@ -87,16 +87,15 @@ def world(kube_api, slack, tmp_path, monkeypatch):
                                                          args=list(ARGS), env=[dict(e) for e in ENV])])
     kube_api.on_write = rollout_controller("ready", log=NEW_POD_LOG)
     use_kubeconfig(monkeypatch, kube_api.url, tmp_path)
-    monkeypatch.setenv("VLLM_ONCALL_LLM_BASE_URL", llm.url)
-    monkeypatch.setenv("VLLM_ONCALL_LLM_MODEL", "stand-in")
-    monkeypatch.setenv("VLLM_ONCALL_LLM_TIMEOUT_SECONDS", "60")  # the stand-in answers at once; a loaded machine is slow
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "redaction-test", "SLACK_BOT_TOKEN": "xoxb-redaction", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": SIGNING, "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0APPROVER",
         "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall",
         "VLLM_ONCALL_CLUSTER_SOURCE": "kube", "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS": "20",
         "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS": "2",
-        "VLLM_ONCALL_REDACT_PATTERNS": r"acme-\d{9}"})
+        "VLLM_ONCALL_REDACT_PATTERNS": r"acme-\d{9}", "VLLM_ONCALL_LLM_BASE_URL": llm.url,
+        "VLLM_ONCALL_LLM_MODEL": "stand-in",
+        "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": "60"})  # the stand-in answers at once; a loaded machine is slow
     server, _ = build_server(settings)
     server.start()
     yield {"kube": kube_api, "slack": slack, "bot": server, "llm": llm, "pod": pod["metadata"]["name"]}

@@ -17,6 +17,7 @@ from fakes import FakeCluster, kv_diagnosis
 from slackapi import SlackStandIn
 
 from bot.app.service import OncallService, Policy
+from bot.app.work import WorkQueue
 from bot.http.wire import Limits, printable
 from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
@@ -223,7 +224,7 @@ def total(server, name: str, labels: tuple[str, ...]) -> float:
 
 
 def test_a_valid_1000_alert_batch_is_accepted_and_handled(world, slack):
-    server = world(workloads=25, replicas=10, workers=2, queue_size=4)
+    server = world(workloads=25, replicas=10, work=WorkQueue(workers=2, queue_size=4))
     alerts = [alert(pod_name(w, r)) for w in range(25) for r in range(10)] * 4
     status, body = request(server, "/alerts", batch(alerts))
     assert status == 200 and json.loads(body)["accepted"] == 1000
@@ -234,7 +235,7 @@ def test_a_valid_1000_alert_batch_is_accepted_and_handled(world, slack):
 
 
 def test_a_10000_alert_storm_over_50_workloads_ends_with_50_messages(world, slack):
-    server = world(workloads=50, replicas=2, workers=2, queue_size=8)
+    server = world(workloads=50, replicas=2, work=WorkQueue(workers=2, queue_size=8))
     pods = [pod_name(w, r) for w in range(50) for r in range(2)]
     batches = [batch([alert(pods[(i * 7 + j) % len(pods)]) for j in range(1000)]) for i in range(10)]
     answers: list[int] = []
@@ -259,7 +260,7 @@ def test_a_10000_alert_storm_over_50_workloads_ends_with_50_messages(world, slac
 
 
 def test_only_a_bot_far_behind_answers_503(world):
-    server = world(workloads=1, replicas=3, workers=1, max_pending_alerts=2)
+    server = world(workloads=1, replicas=3, work=WorkQueue(workers=1, queue_size=100, max_pending_alerts=2))
     gate, running = threading.Event(), threading.Event()
     collect = server.service.cluster.collect
     # a stuck API: held until the test is done (the bound only ends a failed test)

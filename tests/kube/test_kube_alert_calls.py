@@ -12,20 +12,22 @@ previous log, so one log read):
 - after them: 13 = 8 for the cluster (pod, previous log, events, node, GPU pods on the node,
   ReplicaSet, Deployment, dry run) + 5 for the incident (read: absent, create, read before
   posting, read + patch to store the ts).
-- now: 8 = 5 for the cluster (pod, previous log, node, Deployment, dry run) + 3 for the incident
+- then: 8 = 5 for the cluster (pod, previous log, node, Deployment, dry run) + 3 for the incident
   (read: absent, create, patch to store the ts). What went:
   - events: read only when they can explain the crash (a kill: exit >= 128 or 0, a signal, a
     reason other than Error, or no termination record); an exit 1 with reason Error is the
     application raising, and its log says why (bot/kube/collect.py `events_can_explain`).
   - GPU pods on the node: only for a ticket bundle (`collect(gpu_pods=True)`); nothing in the
     diagnosis reads them.
-  - ReplicaSet: the Deployment is read straight from the ReplicaSet's name when the pod's
-    pod-template-hash label and the Deployment's selector prove it
-    (bot/remedy/ownership.py `deployment_by_replicaset_name`).
+  - ReplicaSet: the Deployment was read straight from the ReplicaSet's name when the pod's
+    pod-template-hash label and the Deployment's selector agreed (a shortcut since removed).
   - the two incident reads after the create: the poster takes the incident it just created and
     stores the ts by a compare-and-swap update of it (bot/app/posting.py `ensure_posted`).
-- a repeat of the same alert: 11 before, now 8 (pod, previous log, node, Deployment, then the
-  incident: read, read, read + patch to count the repeat).
+- now: 9, the ReplicaSet read again: names and labels are the pod's to write, so the shortcut
+  let a forged pod aim the bot at any Deployment (issue 17); each owner is read and its uid
+  checked (bot/remedy/ownership.py `resolve_owner`).
+- a repeat of the same alert: 11 before, then 8, now 9 (pod, previous log, node, ReplicaSet,
+  Deployment, then the incident: read, read, read + patch to count the repeat).
 """
 
 from __future__ import annotations
@@ -48,12 +50,12 @@ from bot.slack.chat import SlackChat, make_client
 
 NS = "inference"
 # What the cluster side costs for one new alert: every read once, one dry run.
-CLUSTER_CALLS = {"get pods": 1, "get pods/log": 1, "get nodes": 1, "get deployments": 1,
+CLUSTER_CALLS = {"get pods": 1, "get pods/log": 1, "get nodes": 1, "get replicasets": 1, "get deployments": 1,
                  "patch deployments (dry run)": 1}
 # The incident: its name is free (read), created holding the post lease, the message's ts stored.
 INCIDENT_CALLS = {"get vllmincidents": 1, "create vllmincidents": 1, "patch vllmincidents": 1}
-MAX_CALLS_PER_NEW_ALERT = 8  # CLUSTER_CALLS + INCIDENT_CALLS (see the module docstring)
-MAX_CALLS_PER_REPEAT = 8  # the same evidence and owner reads, no dry run, no create
+MAX_CALLS_PER_NEW_ALERT = 9  # CLUSTER_CALLS + INCIDENT_CALLS (see the module docstring)
+MAX_CALLS_PER_REPEAT = 9  # the same evidence and owner reads, no dry run, no create
 
 
 @pytest.fixture
@@ -92,7 +94,7 @@ def test_one_new_alert_reads_everything_once(world):
     calls = kube.calls[before:]
     # The whole job was done: a proposal that passed its dry run, one message, its ts stored.
     assert incident is not None and incident.state == "proposed" and incident.proposal.dry_run_ok
-    assert len(slack.posts()) == 1 and incident.slack_ts
+    assert len(slack.posts()) == 1 and incident.message_id
     cluster_side = {what: n for what, n in counted(calls).items() if "vllmincidents" not in what}
     incident_side = {what: n for what, n in counted(calls).items() if "vllmincidents" in what}
     assert cluster_side == CLUSTER_CALLS, f"cluster calls for one new alert: {breakdown(calls)}"
@@ -153,9 +155,9 @@ def test_a_write_during_the_post_falls_back_to_read_modify_write(world):
 
     # The repeat's write made the patch storing the ts lose its compare-and-swap: the poster
     # re-reads and patches again, keeping the repeat's counter; still one message.
-    assert incident is not None and incident.slack_ts and incident.alert_count == 2
+    assert incident is not None and incident.message_id and incident.alert_count == 2
     stored = KubeIncidentStore(KubeApi(kube.api_client()), "vllm-oncall").get(incident.name)
-    assert stored.slack_ts == incident.slack_ts and stored.alert_count == 2 and stored.post_lease is None
+    assert stored.message_id == incident.message_id and stored.alert_count == 2 and stored.post_lease is None
     assert len(slack.posts()) == 1
     patches = [c.code for c in kube.calls if c.resource == "vllmincidents" and c.verb == "patch"]
     assert patches == [200, 409, 200], breakdown(kube.calls)  # the repeat's, ours refused, ours again

@@ -8,6 +8,7 @@ import json
 import pytest
 from kubeapi.objects import container, crashing_deployment, deployment, start_pod
 
+from bot.app.workload_ops import ChangeToUndo
 from bot.diagnosis.models import Change, DiagnosisResult
 from bot.diagnosis.playbooks import Playbook
 from bot.kube.api import KubeApi
@@ -404,3 +405,59 @@ def test_a_change_outside_the_playbook_is_refused(kube_api):
     result = strict.apply(proposal.model_copy(update={"json_patch": tampered_ops}), "U_ALICE")
     assert not result.ok and "stored patch does not match" in result.message
     assert strict.apply(proposal, "U_ALICE").ok  # the untouched proposal still applies
+
+
+# ---- roll back of one incident's change (bot.app.workload_ops) --------------------------------------
+
+def test_rollback_of_a_named_change_undoes_it_and_only_it(kube_api, cluster):
+    _, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "32768"])])
+    first = propose(cluster, kube_api, pod)
+    assert cluster.apply(first, "U_ALICE").ok
+    second = propose(cluster, kube_api, pod, Change(kind="env", name="VLLM_LOGGING_LEVEL", after="DEBUG"))
+    assert cluster.apply(second, "U_ALICE").ok
+
+    result = cluster.rollback(NS, "Deployment", "llama", "U_BOB", ChangeToUndo(first.id, first.digest))
+
+    assert result.ok, result.message
+    live = live_container(kube_api)
+    assert live["args"] == ["--model", "m", "--max-model-len", "32768"]  # the first change undone
+    assert {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"} in live["env"]  # the second one kept
+    records = json.loads(kube_api.get("Deployment", "llama", NS)["metadata"]["annotations"][AUDIT_ANNOTATION])
+    assert [r["id"] for r in records if r.get("rolled_back_by")] == [first.id]
+    again = cluster.rollback(NS, "Deployment", "llama", "U_BOB", ChangeToUndo(first.id, first.digest))
+    assert again.ok is False and "rolled back already" in again.message
+
+
+def test_rollback_of_a_change_this_workload_does_not_carry_is_refused(kube_api, cluster):
+    _, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "32768"])])
+    proposal = propose(cluster, kube_api, pod)
+    assert cluster.apply(proposal, "U_ALICE").ok
+    patches = len([c for c in kube_api.calls if c.verb == "patch"])
+    for change in (ChangeToUndo("0123456789ab"), ChangeToUndo(proposal.id, "f" * 64)):
+        result = cluster.rollback(NS, "Deployment", "llama", "U_BOB", change)
+        assert result.ok is False and "carries no record of change" in result.message
+    assert len([c for c in kube_api.calls if c.verb == "patch"]) == patches
+
+
+def test_a_rollback_whose_answer_was_lost_after_it_committed_is_reported_done(kube_api, cluster):
+    _, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "32768"])])
+    proposal = propose(cluster, kube_api, pod)
+    assert cluster.apply(proposal, "U_ALICE").ok
+    kube_api.fail_commit("patch", "deployments", "after", 500, times=3)  # every attempt commits, no answer
+    result = cluster.rollback(NS, "Deployment", "llama", "U_BOB", ChangeToUndo(proposal.id, proposal.digest))
+    assert result.ok, result.message
+    assert live_container(kube_api)["args"] == ["--model", "m", "--max-model-len", "32768"]
+
+
+def test_rollback_of_a_change_to_a_workload_since_re_created_is_refused(kube_api, cluster):
+    dep, pod = crashing_deployment(kube_api, containers=[container(args=["--model", "m", "--max-model-len", "32768"])])
+    proposal = propose(cluster, kube_api, pod)
+    assert cluster.apply(proposal, "U_ALICE").ok
+    copied = kube_api.get("Deployment", "llama", NS)  # `kubectl get -o yaml`, delete, apply: annotation and all
+    kube_api.delete("Deployment", "llama", NS)
+    kube_api.put({**copied, "metadata": {k: v for k, v in copied["metadata"].items()
+                                         if k not in ("uid", "resourceVersion")}})
+    change = ChangeToUndo(proposal.id, proposal.digest, uid=proposal.workload.uid)
+    result = cluster.rollback(NS, "Deployment", "llama", "U_BOB", change)
+    assert result.ok is False and "deleted and re-created" in result.message
+    assert live_container(kube_api)["args"][-1] == "8192"

@@ -8,7 +8,6 @@ import pytest
 from builders import kubeconfig_for
 from kubeapi.objects import container, crashing_deployment, start_pod
 
-from bot.kube import retry as kube_retry
 from bot.kube.api import KubeApi
 from bot.kube.collect import GPU_PODS_ANNOTATION, MIDDLE_MARKER, events_can_explain
 from bot.kube.errors import KubeForbidden, KubeUnavailable, PodGone
@@ -147,15 +146,13 @@ def test_503_twice_then_success_is_retried_logged_and_counted(kube_api, cluster,
     _, pod = crashing_deployment(kube_api)
     kube_api.fail("get", "pods", 503, times=2)
     seen = []
-    kube_retry.on_retry(lambda what, status: seen.append((what, status)))
-    before = kube_retry.retry_count()
+    cluster.api.retry.count = lambda event: seen.append((event.api, event.call, event.reason))
 
-    with caplog.at_level("WARNING", logger="bot.kube"):
+    with caplog.at_level("WARNING", logger="bot.retry"):
         evidence = cluster.collect(NS, pod["metadata"]["name"])
 
     assert evidence.pod is not None
-    assert kube_retry.retry_count() - before == 2
-    assert seen[-2:] == [("get pods", 503), ("get pods", 503)]
+    assert seen == [("kubernetes", "get pods", "http_503"), ("kubernetes", "get pods", "http_503")]
     assert len(sleeps) == 2
     assert sum("retry 1/4" in r.getMessage() or "retry 2/4" in r.getMessage() for r in caplog.records) == 2
     assert [c.verb for c in kube_api.calls if c.resource == "pods"][:3] == ["get", "get", "get"]
@@ -281,14 +278,13 @@ def test_a_long_retry_after_is_capped_by_the_bots_policy_not_slept_by_urllib3(ku
     _, pod = crashing_deployment(kube_api)
     kube_api.fail("get", "pods", 429, times=1, retry_after="3600")
     api = KubeApi(api_client_from_environment(kubeconfig=kubeconfig_for(kube_api.url, tmp_path / "kubeconfig")),
-                  retry=RetryPolicy(max_retry_after=60.0, sleep=sleeps))
-    seen: list[tuple[str, int | None]] = []
-    kube_retry.on_retry(lambda what, status: seen.append((what, status)))
-    before = kube_retry.retry_count()
+                  retry=RetryPolicy(max_retry_after=60.0, sleep=sleeps,
+                                    count=lambda event: seen.append((event.call, event.reason))))
+    seen: list[tuple[str, str]] = []
     got: list[dict] = []
 
     # In a thread, so that a client which sleeps the hour itself fails this test in seconds.
-    with caplog.at_level("WARNING", logger="bot.kube"):
+    with caplog.at_level("WARNING", logger="bot.retry"):
         worker = threading.Thread(target=lambda: got.append(api.get_pod(NS, pod["metadata"]["name"])),
                                   daemon=True)
         worker.start()
@@ -297,6 +293,7 @@ def test_a_long_retry_after_is_capped_by_the_bots_policy_not_slept_by_urllib3(ku
     assert not worker.is_alive(), "the client slept the server's Retry-After itself"
     assert got and got[0]["metadata"]["name"] == pod["metadata"]["name"]
     assert sleeps == [60.0]  # capped at max_retry_after, waited by the bot's policy
-    assert kube_retry.retry_count() - before == 1 and seen[-1] == ("get pods", 429)
-    assert any("get pods failed (429), retry 1/4 in 60.00s" in r.getMessage() for r in caplog.records)
+    assert seen == [("get pods", "http_429")]
+    assert any("kubernetes get pods failed (http_429: " in r.getMessage() and "retry 1/4 in 60.00s" in r.getMessage()
+               for r in caplog.records)
     assert [c.code for c in kube_api.calls if c.resource == "pods" and c.verb == "get"] == [429, 200]

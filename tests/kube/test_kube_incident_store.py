@@ -79,7 +79,7 @@ def test_concurrent_transitions_exactly_one_wins(store):
 
 def test_list_by_label(store):
     store.create(make("a-1", state="proposed"))
-    store.create(make("b-1", namespace="other", state="diagnosed", slack_ts="1.2", slack_channel="C1"))
+    store.create(make("b-1", namespace="other", state="diagnosed", message_id="1.2", chat_channel="C1"))
     assert [i.name for i in store.list(namespace="inference")] == ["a-1"]
     assert [i.name for i in store.list(posted="false")] == ["a-1"]
     assert [i.name for i in store.list(state="diagnosed", cluster="prod")] == ["b-1"]

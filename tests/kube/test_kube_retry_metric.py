@@ -11,9 +11,8 @@ from kubeapi.objects import crashing_deployment
 from prometheus_client import generate_latest
 
 from bot.app.metrics import Metrics
-from bot.cli.serve import count_kube_retries
-from bot.kube.api import KubeApi
-from bot.kube.retry import RetryPolicy
+from bot.cli.settings import load_settings
+from bot.cli.wiring import Parts
 
 NS = "inference"
 
@@ -21,7 +20,7 @@ NS = "inference"
 def metric(metrics: Metrics, name: str) -> float:
     for line in generate_latest(metrics.registry).decode().splitlines():
         if line.startswith(name + " "):
-            return float(line.split()[1])
+            return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not exported")
 
 
@@ -31,14 +30,16 @@ def test_an_hour_long_retry_after_is_capped_logged_and_counted_on_metrics(kube_a
     kube_api.fail("get", "pods", 429, times=1, retry_after="3600")
     waits: list[float] = []
     metrics = Metrics()
-    count_kube_retries(metrics)
-    api = KubeApi(kube_api.api_client(), retry=RetryPolicy(max_retry_after=60.0, sleep=waits.append))
+    settings = load_settings({"VLLM_ONCALL_CLUSTER": "c", "SLACK_BOT_TOKEN": "xoxb-t", "SLACK_SIGNING_SECRET": "s",
+                              "VLLM_ONCALL_SLACK_CHANNEL": "C0A", "VLLM_ONCALL_APPROVERS": "U0A"})
+    api = Parts(settings, None, lambda evidence: None, metrics).api(kube_api.api_client())  # as serve builds it
+    api.retry.sleep = waits.append
     got: list[dict] = []
-    with caplog.at_level("WARNING", logger="bot.kube"):
+    with caplog.at_level("WARNING", logger="bot.retry"):
         worker = threading.Thread(target=lambda: got.append(api.get_pod(NS, pod["metadata"]["name"])), daemon=True)
         worker.start()
         worker.join(timeout=20)
     assert not worker.is_alive() and got, "the hour was slept, or the call failed"
     assert waits == [60.0]
     assert any("(Retry-After 3600s capped)" in r.getMessage() for r in caplog.records)
-    assert metric(metrics, "vllm_oncall_kube_retries_total") == 1.0
+    assert metric(metrics, 'vllm_oncall_retries_total{api="kubernetes",call="get pods",reason="http_429"}') == 1.0

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from kubeapi.objects import container, crashing_deployment, rollout_controller
 
+from bot.app.verdict import kv_figures
+from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.models import Change, DiagnosisResult
 from bot.kube.api import KubeApi
 from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
-from bot.kube.verify import kv_figures
 
 NS = "inference"
 READY_LOG = """\
@@ -26,7 +27,7 @@ INFO 11-30 05:10:30 [api_server.py:1] Starting vLLM API server on http://0.0.0.0
 @pytest.fixture
 def cluster(kube_api):
     api = KubeApi(kube_api.api_client(), retry=RetryPolicy(initial=0.001, maximum=0.002, sleep=lambda s: None))
-    return LiveCluster(api, name="test-cluster", poll_seconds=0.001)
+    return LiveCluster(api, name="test-cluster", poll_seconds=0.001, diagnose=diagnose)
 
 
 def apply_max_len(cluster, pod, after="8192"):

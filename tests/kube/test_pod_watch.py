@@ -18,11 +18,12 @@ from standin_http import bound
 
 from bot.app.records import AlertTarget
 from bot.app.service import OncallService, Policy
+from bot.app.work import WorkQueue
 from bot.kube.api import KubeApi
 from bot.kube.incidents import KubeIncidentStore
 from bot.kube.live import LiveCluster
 from bot.kube.retry import RetryPolicy
-from bot.kube.watch import PodState, PodWatch, WatchSettings, as_alert, is_vllm_container
+from bot.kube.watch import PodState, PodWatch, WatchSettings, is_vllm_container
 from bot.slack.chat import SlackChat, make_client
 
 NS = "inference"
@@ -80,16 +81,21 @@ def world():
     kube = FakeKube().start()
     slack = SlackStandIn().start()
     watches: list[PodWatch] = []
+    queues: list[WorkQueue] = []
 
     def watch(service: OncallService) -> PodWatch:
         api = KubeApi(kube.api_client(), retry=RetryPolicy(attempts=2, sleep=lambda s: None))
-        w = PodWatch(api, lambda c: service.handle_alert(as_alert(c)), SETTINGS).start()
+        work = WorkQueue(workers=1, queue_size=10)  # each replica's own, as in `serve`
+        w = PodWatch(api, work, service.handle_alert, SETTINGS).start()
         watches.append(w)
+        queues.append(work)
         return w
 
     yield kube, slack, watch
     for w in watches:
         w.stop()
+    for work in queues:
+        work.shutdown()
     slack.stop()
     kube.stop()
 

@@ -1,5 +1,6 @@
 """The RBAC the bot needs is listed once (bot/kube/rbac.py REQUIRED) and cannot drift:
-(a) deploy/ grants exactly REQUIRED; (b) every call the code makes against the API stand-in, over a
+(a) deploy/overlays/approve grants exactly REQUIRED, the default deploy/ (proposals-only) exactly
+REQUIRED minus APPROVE_ONLY; (b) every call the code makes against the API stand-in, over a
 whole incident (collect, propose with dry run, apply, verify, roll back, incidents), is in REQUIRED,
 and every REQUIRED permission is used."""
 
@@ -14,15 +15,15 @@ from manifests import DEPLOY, built_objects
 from bot.diagnosis.models import Change, DiagnosisResult
 from bot.kube.api import KubeApi
 from bot.kube.live import LiveCluster
-from bot.kube.rbac import REQUIRED, required_set
+from bot.kube.rbac import REQUIRED, proposals_only_set, required_set
 from bot.kube.retry import RetryPolicy
 
 NS = "inference"
 
 
-def granted() -> set[tuple[str, str, str]]:
+def granted(folder=DEPLOY) -> set[tuple[str, str, str]]:
     """(verb, apiGroup, resource) from every Role/ClusterRole bound to the bot's ServiceAccount."""
-    docs = built_objects()
+    docs = built_objects(folder)
     bound = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in docs
              if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
              and any(s["kind"] == "ServiceAccount" and s["name"] == "vllm-oncall" for s in b["subjects"])}
@@ -38,7 +39,9 @@ def granted() -> set[tuple[str, str, str]]:
 
 
 def test_deploy_manifests_grant_exactly_what_the_code_requires():
-    assert granted() == required_set()
+    assert granted(DEPLOY / "overlays" / "approve") == required_set()
+    # the default install is read-only (issue 17): no patch, no pods/proxy, no Event written
+    assert granted() == proposals_only_set()
 
 
 def test_required_has_no_secrets_and_no_deletes():

@@ -10,6 +10,7 @@ import yaml
 from kubeapi.objects import container, deployment
 
 from bot.app.ports import PodNotFound
+from bot.app.workload_ops import ChangeToUndo, PatchStatus
 from bot.diagnosis.models import Change, DiagnosisResult
 from bot.local.cluster import LocalCluster
 from bot.remedy.plan import AUDIT_ANNOTATION
@@ -124,3 +125,27 @@ def test_the_bundled_example_incident_runs_end_to_end(tmp_path):
     proposal = local.propose(diagnose(evidence), evidence, local.workload_for(evidence))
     assert proposal is not None and proposal.command_after != proposal.command_before
     assert local.apply(proposal, "demo-user").ok
+
+
+def test_the_local_copy_follows_the_same_guards_as_a_cluster(local, tmp_path):
+    """One implementation (bot.app.workload_ops): the guard order and the roll back of a named
+    change are the live cluster's; the local patch honours every `test` op."""
+    evidence = local.collect(NS, "llama-5f7d9c-abcde")
+    proposal = local.propose(DIAGNOSIS, evidence, local.workload_for(evidence))
+    assert local.was_applied(proposal) is None
+    assert local.apply(proposal, "me").ok
+    assert local.apply(proposal, "me").ok and local.was_applied(proposal).ok  # applied once, reported again
+
+    other = ChangeToUndo("0123456789ab")
+    refused = local.rollback(NS, "Deployment", "llama", "me", other)
+    assert refused.ok is False and "carries no record of change 0123456789ab" in refused.message
+    assert local.rollback(NS, "Deployment", "elsewhere", "me").ok is False  # not this bundle's workload
+
+    stale = [{"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
+             {"op": "replace", "path": "/spec/replicas", "value": 5}]
+    assert local.patch_workload("Deployment", NS, "llama", stale).status is PatchStatus.CONFLICT
+    copy_path = tmp_path / "state" / "deployment-inference-llama.yaml"
+    assert yaml.safe_load(copy_path.read_text())["spec"]["replicas"] == 1  # nothing written
+
+    assert local.rollback(NS, "Deployment", "llama", "me", ChangeToUndo(proposal.id, proposal.digest)).ok
+    assert yaml.safe_load(copy_path.read_text())["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "32768"

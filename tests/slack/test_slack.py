@@ -62,12 +62,12 @@ class Bot:
 
     def alert(self):
         incident = self.service.handle_alert(AlertTarget(namespace=NS, pod=POD, container="vllm"))
-        assert incident.slack_ts
+        assert incident.message_id
         return incident
 
     def click(self, action: str, incident, user: str):
         value = decision_value(incident) if action != "vllm_rollback" else incident.name
-        return self.dispatch(click_body(action, value, user, incident.slack_ts))
+        return self.dispatch(click_body(action, value, user, incident.message_id))
 
 
 @pytest.fixture
@@ -127,10 +127,10 @@ def test_allowed_approve_applies_and_updates_in_place(bot, slack):
     # the audit record names the approver by Slack name and id (users.info)
     assert bot.cluster.applied == [(f"p-{DEPLOY}-kv-cache-max-model-len", "user-u0approver (slack:U0APPROVER)")]
     final = slack.delivered("chat.update")[-1]
-    assert final.params["ts"] == incident.slack_ts and not has_buttons(final)
+    assert final.params["ts"] == incident.message_id and not has_buttons(final)
     assert "Applied by <@U0APPROVER>" in blocks_text(final)
     assert any("GPU KV cache size" in r.params["text"] for r in slack.replies())
-    assert all(r.params["thread_ts"] == incident.slack_ts for r in slack.replies())
+    assert all(r.params["thread_ts"] == incident.message_id for r in slack.replies())
     assert len(slack.posts()) == 1
 
 
@@ -164,7 +164,7 @@ def test_expired_click_changes_nothing(slack, tmp_path):
 
 def test_double_click_applies_once(bot, slack):
     incident = bot.alert()
-    body = click_body("vllm_approve", decision_value(incident), APPROVER, incident.slack_ts)
+    body = click_body("vllm_approve", decision_value(incident), APPROVER, incident.message_id)
     threads = [threading.Thread(target=bot.dispatch, args=(body,)) for _ in range(2)]
     for t in threads:
         t.start()
@@ -205,8 +205,8 @@ def test_429_is_retried_after_retry_after(slack, tmp_path):
     incident = bot.alert()
     assert len(slack.attempts("chat.postMessage")) == 2 and len(slack.posts()) == 1
     assert waits == [7.0]  # exactly what Slack's Retry-After header asked for
-    assert bot.chat.metrics.slack_retries.labels("chat.postMessage", "ratelimited")._value.get() == 1
-    assert incident.slack_ts
+    assert bot.chat.metrics.retries.labels("slack", "chat.postMessage", "ratelimited")._value.get() == 1
+    assert incident.message_id
 
 
 def test_a_rate_limited_post_gives_up_inside_its_post_lease_and_is_posted_once_later(slack, tmp_path):
@@ -226,12 +226,12 @@ def test_a_rate_limited_post_gives_up_inside_its_post_lease_and_is_posted_once_l
     incident = bot.service.handle_alert(AlertTarget(namespace=NS, pod=POD))
     # 0 s, 12 s, 24 s; a fourth attempt would start at 36 s, past the 30 s budget
     assert len(slack.attempts("chat.postMessage")) == 3 and now[0] == 24
-    assert incident.slack_ts is None and slack.channel_messages(CHANNEL) == []
+    assert incident.message_id is None and slack.channel_messages(CHANNEL) == []
     assert now[0] + CLIENT_TIMEOUT_SECONDS < POST_LEASE.total_seconds(), "the whole post ends inside its lease"
     assert bot.service.store.get(incident.name).post_lease is None  # a 429 certainly posted nothing
     slack.clear_faults()
     bot.service.sweep()
-    assert len(slack.channel_messages(CHANNEL)) == 1 and bot.service.store.get(incident.name).slack_ts
+    assert len(slack.channel_messages(CHANNEL)) == 1 and bot.service.store.get(incident.name).message_id
 
 
 def test_the_post_budget_and_client_timeout_fit_the_post_lease():
@@ -253,7 +253,7 @@ def test_slack_outage_keeps_the_incident_and_posts_it_later(slack, tmp_path):
     bot = Bot(slack, tmp_path, clock=lambda: now[0])
     slack.down = True  # 503: Slack may have posted it anyway, so the post lease is kept
     incident = bot.service.handle_alert(AlertTarget(namespace=NS, pod=POD))
-    assert incident.slack_ts is None and slack.posts() == []
+    assert incident.message_id is None and slack.posts() == []
     assert bot.service.store.list(posted="false")[0].name == incident.name
     slack.down = False
     bot.service.sweep()
@@ -261,23 +261,23 @@ def test_slack_outage_keeps_the_incident_and_posts_it_later(slack, tmp_path):
     now[0] += timedelta(seconds=61)
     bot.service.sweep()  # looks in the channel's history first, finds nothing, posts
     assert len(slack.attempts("conversations.history")) == 1
-    assert len(slack.posts()) == 1 and bot.service.store.get(incident.name).slack_ts
+    assert len(slack.posts()) == 1 and bot.service.store.get(incident.name).message_id
 
 
 def test_a_post_slack_certainly_refused_is_retried_at_the_next_sweep(bot, slack):
     slack.fail_next("chat.postMessage", status=429, retry_after=0, times=4)  # rate-limited through all retries
     incident = bot.service.handle_alert(AlertTarget(namespace=NS, pod=POD))
-    assert incident.slack_ts is None and slack.channel_messages(CHANNEL) == []
+    assert incident.message_id is None and slack.channel_messages(CHANNEL) == []
     assert bot.service.store.get(incident.name).post_lease is None  # certainly not posted: released
     bot.service.sweep()
-    assert len(slack.posts()) == 1 and bot.service.store.get(incident.name).slack_ts
+    assert len(slack.posts()) == 1 and bot.service.store.get(incident.name).message_id
 
 
 def test_signed_requests_over_http(bot, slack):
     server = BotServer(bot.service, bolt_app=bot.app).start()
     try:
         incident = bot.alert()
-        body = click_body("vllm_approve", decision_value(incident), APPROVER, incident.slack_ts)
+        body = click_body("vllm_approve", decision_value(incident), APPROVER, incident.message_id)
         headers = {k: v[0] for k, v in signed_headers(body).items()}
         req = urllib.request.Request(server.url + "/slack/events", data=body.encode(), headers=headers)
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -298,7 +298,7 @@ def test_why_in_a_channel_the_bot_is_not_in_falls_back_to_the_alert_channel(bot,
     assert slack.wait_for(lambda: len(slack.posts()) == 1)
     assert slack.posts()[0].params["channel"] == CHANNEL
     # the stand-in records the post before it answers; the bot stores the channel after the answer
-    assert slack.wait_for(lambda: bot.service.store.list()[0].slack_channel == CHANNEL)
+    assert slack.wait_for(lambda: bot.service.store.list()[0].chat_channel == CHANNEL)
 
 
 def tracebacks(caplog) -> list[str]:
@@ -307,7 +307,7 @@ def tracebacks(caplog) -> list[str]:
 
 def test_click_without_a_value_is_answered_and_changes_nothing(bot, slack, caplog):
     incident = bot.alert()
-    payload = click_payload("vllm_approve", decision_value(incident), APPROVER, incident.slack_ts)
+    payload = click_payload("vllm_approve", decision_value(incident), APPROVER, incident.message_id)
     del payload["actions"][0]["value"]
     assert bot.dispatch(urlencode({"payload": json.dumps(payload)})).status == 200
     assert slack.wait_for(lambda: slack.delivered("chat.postEphemeral"))
@@ -323,7 +323,7 @@ def test_click_without_a_value_is_answered_and_changes_nothing(bot, slack, caplo
                          ids=["no user", "user not an object"])
 def test_click_from_nobody_is_logged_once_and_ignored(bot, slack, caplog, spoil):
     incident = bot.alert()
-    payload = click_payload("vllm_approve", decision_value(incident), APPROVER, incident.slack_ts)
+    payload = click_payload("vllm_approve", decision_value(incident), APPROVER, incident.message_id)
     spoil(payload)
     assert bot.dispatch(urlencode({"payload": json.dumps(payload)})).status == 200
     assert slack.wait_for(lambda: any("could not read" in r.getMessage() for r in caplog.records))
@@ -350,7 +350,7 @@ def test_a_long_log_excerpt_still_posts_truncated(slack, tmp_path):
     bot = Bot(slack, tmp_path, diagnose=long_diagnosis)
     incident = bot.alert()
     post = slack.posts()[0]
-    assert post.ok and incident.slack_ts
+    assert post.ok and incident.message_id
     sections = [b["text"]["text"] for b in post.params["blocks"] if b["type"] == "section" and "text" in b]
     assert all(len(text) <= 3000 for text in sections)
     evidence = next(text for text in sections if text.startswith("*Evidence*"))
@@ -364,10 +364,10 @@ def test_a_long_log_excerpt_still_posts_truncated(slack, tmp_path):
 def test_click_payload_reads_into_the_fields_the_bot_uses():
     click = read(ButtonClick, click_payload("vllm_reject", "inc-1", APPROVER, "17.000100"))
     assert (click.incident, click.user_id, click.actions[0].action_id) == ("inc-1", APPROVER, "vllm_reject")
-    assert click.message_ref == MessageRef(channel=CHANNEL, ts="17.000100")
+    assert click.message_ref == MessageRef(channel=CHANNEL, message_id="17.000100")
     only_container = click_payload("vllm_reject", "inc-1", APPROVER, "17.000100")
     del only_container["channel"], only_container["message"]  # Slack names the message twice; one is enough
-    assert read(ButtonClick, only_container).message_ref == MessageRef(channel=CHANNEL, ts="17.000100")
+    assert read(ButtonClick, only_container).message_ref == MessageRef(channel=CHANNEL, message_id="17.000100")
     del only_container["container"]
     assert read(ButtonClick, only_container).message_ref is None
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from slack_sdk.models.blocks import Block, SectionBlock
 
-from bot.app.records import Incident
+from bot.app.records import Incident, Note, NoteKind
 from bot.diagnosis.models import Change, DiagnosisResult
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.slack.blocks import blocks_to_text, incident_message, note_message
@@ -117,7 +117,7 @@ def test_decided_states_lose_the_buttons_and_say_who():
 
 
 def test_thread_note_with_rollback_and_terminal_rendering():
-    _, blocks = note_message(":x: crashed again", diagnosis(), rollback_incident="inc-1")
+    _, blocks = note_message(Note(kind=NoteKind.CRASHED_AGAIN, pod="p", message="crashed again", diagnosis=diagnosis(), rollback_incident="inc-1"))
     assert buttons(blocks)[0]["action_id"] == "vllm_rollback" and buttons(blocks)[0]["value"] == "inc-1"
     text = blocks_to_text(incident_message(incident())[1])
     assert "[Approve] (asks: Patch Deployment inference/vllm-llama3-8b" in text and "[Reject]" in text
@@ -143,7 +143,7 @@ def validated(blocks) -> list[dict]:
 def test_blocks_validate_through_slack_sdk(state):
     _, blocks = incident_message(incident(state=state, approver="U0APPROVER", decided_at=NOW))
     assert validated(blocks) == blocks
-    _, note = note_message(":x: crashed again", diagnosis(), rollback_incident="inc-1")
+    _, note = note_message(Note(kind=NoteKind.CRASHED_AGAIN, pod="p", message="crashed again", diagnosis=diagnosis(), rollback_incident="inc-1"))
     assert validated(note) == note
 
 
@@ -158,12 +158,13 @@ def test_texts_longer_than_slack_allows_are_cut_before_posting():
     assert evidence.endswith("… (truncated)")
     assert len(blocks[0]["text"]["text"]) == 150  # the header, cut to Slack's 150
     assert buttons(blocks)[0]["value"] == f"{incident().name}|{incident().proposal.digest}"
-    _, note = note_message("z" * 5000, long_incident().diagnosis, rollback_incident="inc-1")
+    _, note = note_message(Note(kind=NoteKind.COMMENTARY, message="z" * 5000, diagnosis=long_incident().diagnosis,
+                                rollback_incident="inc-1"))
     assert validated(note) == note and note[0]["text"]["text"].endswith("… (truncated)")
 
 
 def test_an_empty_note_still_makes_a_valid_block():
-    _, blocks = note_message("")
+    _, blocks = note_message(Note(kind=NoteKind.COMMENTARY))
     assert validated(blocks) == blocks and blocks[0]["text"]["text"].strip() == ""
 
 

@@ -10,12 +10,12 @@ from fakes import FakeCluster, kv_diagnosis
 from slack_bolt.request import BoltRequest
 from slackapi.requests import CHANNEL, SECRET, click_body, decision_value, signed_headers
 
-from bot.app.policy import parse_scopes
 from bot.app.records import AlertTarget
 from bot.app.service import OncallService, Policy
 from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client
+from bot.slack.ids import parse_scopes
 
 DEPLOY, POD = "vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p"
 
@@ -45,12 +45,12 @@ def bot(slack, tmp_path):
 def test_an_ml_approver_clicking_approve_on_a_prod_incident_changes_nothing(bot, slack):
     cluster, service, dispatch = bot
     incident = service.handle_alert(AlertTarget(namespace="prod", pod=POD, container="vllm"))
-    assert dispatch(click_body("vllm_approve", decision_value(incident), "U0ML", incident.slack_ts)).status == 200
+    assert dispatch(click_body("vllm_approve", decision_value(incident), "U0ML", incident.message_id)).status == 200
     assert slack.wait_for(lambda: slack.delivered("chat.postEphemeral"))
     told = slack.delivered("chat.postEphemeral")[0].params
     assert told["user"] == "U0ML" and "not allowed" in told["text"] and "namespace prod" in told["text"]
     assert cluster.applied == [] and service.store.get(incident.name).state == "proposed"
-    dispatch(click_body("vllm_approve", decision_value(incident), "U0PROD", incident.slack_ts))
+    dispatch(click_body("vllm_approve", decision_value(incident), "U0PROD", incident.message_id))
     assert slack.wait_for(lambda: cluster.applied)
 
 

@@ -25,8 +25,8 @@ from kubeapi.objects import container, crashing_deployment, rollout_controller
 from kubeapi.vllmpod import ScriptedVllm
 from slackapi.requests import button_value, click_payload, command_payload
 
-from bot.cli.serve import build_server
 from bot.cli.settings import load_settings
+from bot.cli.wiring import build_server
 
 pytestmark = pytest.mark.integration
 

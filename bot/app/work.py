@@ -1,8 +1,10 @@
-"""Bounded background work for the webhook, folded per workload.
+"""The one work queue for both triggers (the Alertmanager webhook and the pod watch): bounded
+background work, folded per workload.
 
-Each alert becomes a `Work` with a workload key (a guess from the pod name, see alerts.py; the
-service resolves the real owner) and an identity (namespace, pod, container). Pending work is
-held in at most `queue_size` work items, one per workload key:
+Each alert or watched crash becomes a `Work` with a fold key (`fold_key`: which pending work
+shares a worker) and an identity (an alert: cluster, namespace, pod, container; a watched crash:
+its fold key, so the watch keeps at most one pending crash per workload). Pending work is held in
+at most `queue_size` work items, one per fold key:
 
 - an alert for a workload that already has a pending item joins it; the same pod again replaces
   its earlier alert (the latest status wins) and is counted as a duplicate;
@@ -12,12 +14,19 @@ held in at most `queue_size` work items, one per workload key:
   (503, Alertmanager retries): the bot is then far behind and must say so.
 
 A 10,000-alert storm over 50 workloads is therefore at most 50 items and one handler call per
-distinct pod, never a 503.
+distinct pod, never a 503; a crash storm of 3,000 pods over 750 workloads through the watch is at
+most 750 pending crashes, one per workload, and none is dropped.
+
+The fold key is not an owner: it decides only which work waits together. Which workload a pod
+belongs to, the one a fix would change, is read from the cluster and checked
+(bot.remedy.ownership.resolve_owner); a pod whose name misleads the fold key costs a worker's
+turn, never a wrong incident.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -26,11 +35,21 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 OUTCOMES = ("queued", "folded", "duplicate")
+_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes uses for generated name suffixes
+_GENERATED_SUFFIX = re.compile(rf"-(?:[{_CHARS}]{{1,10}}-[{_CHARS}]{{5}}|[{_CHARS}]{{5}}|[0-9]{{1,5}})$")
+
+
+def fold_key(namespace: str, pod: str, cluster: str | None = None) -> str:
+    """What pending work is folded by: the pod's name without the suffix Kubernetes generated
+    for it (`<deployment>-<template-hash>-<5 chars>`, `<statefulset>-<ordinal>`, `<owner>-<5
+    chars>`), so the pods of one workload wait in one item, whichever trigger saw them. The same
+    pod in two clusters is two pods."""
+    return f"{cluster + '/' if cluster else ''}{namespace}/{_GENERATED_SUFFIX.sub('', pod) or pod}"
 
 
 @dataclass(frozen=True)
 class Work:
-    workload: str  # what alerts are folded by
+    workload: str  # the fold key: what alerts and crashes are folded by (fold_key)
     identity: Hashable  # the same identity twice is the same work; the later one wins
     target: Any
 
@@ -70,6 +89,7 @@ class WorkQueue:
         self.queue: deque[WorkItem] = deque()
         self.by_key: dict[str, WorkItem] = {}
         self.pending_alerts = 0
+        self.peak_pending = 0  # the most alerts and crashes ever waiting at once: what memory held
         self.running = 0
         self._next_fold = 0
         self._stopped = False
@@ -94,6 +114,7 @@ class WorkQueue:
                     self.pending_alerts += 1
                 item.targets[work.identity] = work.target
                 admission.counts[outcome] += 1
+            self.peak_pending = max(self.peak_pending, self.pending_alerts)
             self._lock.notify_all()
             return admission
 
@@ -147,6 +168,9 @@ class WorkQueue:
 
 class InlineExecutor:
     """Runs each alert at once in the caller: the demo wants its output in order."""
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        return True
 
     def submit(self, works: list[Work], handle: Callable[[Any], Any]) -> Admission:
         admission = Admission()
