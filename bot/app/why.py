@@ -1,6 +1,8 @@
 """`/vllm why POD|NS/POD|DEPLOYMENT`: diagnose on request and post it where it was asked, with
 the same buttons an alert would get. An incident with a live proposal (or a change being
-applied) is shown as it is; any other is re-diagnosed and gets a fresh proposal."""
+applied) is shown as it is; any other is re-diagnosed and gets a fresh proposal, but only when
+the caller may approve in its namespace (re-diagnosing changes its state): anyone else is shown
+it as it is."""
 
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ class Why:
         if existing is None:
             answer = self.intake.open_or_update(AlertTarget(namespace=namespace, pod=pod), evidence, channel,
                                                 diagnosis, workload)
-        elif self._show_as_is(existing):
+        elif self._show_as_is(existing) or not self._may_reopen(existing, workload, user, channel):
             # Same incident, same proposal: show it here too; a click on either message acts once.
             answer = existing
             try:
@@ -98,6 +100,18 @@ class Why:
         if self.policy.why_scope == "open" or channel == self.policy.alert_channel:
             return True
         return self.approvers.is_approver(user, namespace, channel)
+
+    def _may_reopen(self, incident: Incident, workload: WorkloadRef, user: str, channel: str) -> bool:
+        """Re-diagnosing moves an incident (a verified one back to proposed, a rejected proposal
+        revived with Approve/Reject): only someone who may approve in its namespace may do that.
+        Anyone else is shown the incident as it is, and told so. The namespace is the live
+        workload's, not the incident object's (which the cluster's users can edit)."""
+        if self.approvers.is_approver(user, workload.namespace, channel):
+            return True
+        self._tell(channel, user, f"Incident {incident.name} is {incident.state.value}; only an approver of "
+                                  f"namespace {workload.namespace} can re-diagnose it with /vllm why. "
+                                  "It is shown as it is.")
+        return False
 
     def _kept_if_log_gone(self, evidence: Evidence, workload: WorkloadRef) -> tuple[Evidence, Note | None]:
         """The evidence kept with the workload's latest incident when the previous log is gone

@@ -8,6 +8,14 @@ prints is one `LogFormat` in `bot.diagnosis.logformats` (its literals, regex, th
 yields, versions and source); playbooks add their own literals (see `bot.playbooks`), so a new
 cause needs no change here.
 
+Log text is input, not truth: with request logging on, a user's prompt is printed in the log,
+and it can quote any vLLM message. So each line is read only between where vLLM's or PyTorch's
+own message starts (after the logger, process, kubectl and docker prefixes, none of which is
+required) and the first request payload marker (`Received request`, `prompt:`, `output:`, an
+HTTP request line): see `LINE_PREFIXES` and `PAYLOAD_MARKS` in `bot.diagnosis.logformats`. What
+lies after a marker yields no fact, no error, no stage, and is kept in no line playbooks search
+or the diagnosis quotes.
+
 A line longer than MAX_LINE_BYTES (a progress bar that never printed a newline, a binary
 blob) keeps its first and last LINE_KEEP_BYTES, so one huge line cannot take memory in
 proportion to its size; no real vLLM line comes near that length.
@@ -30,8 +38,10 @@ from bot.diagnosis.logformats import (  # noqa: F401  (re-exported: the formats'
     KEYWORDS,
     MODEL_FILE_HINT,
     PATTERNS,
+    PAYLOAD,
     STAGES,
     LogFormat,
+    message_span,
     to_gib,
     to_int,
 )
@@ -184,6 +194,15 @@ class KeywordScanner:
         return sorted(found)
 
 
+def trusted_text(text: str) -> str:
+    """A line up to its first request payload marker (all of it when it has none); "" when
+    nothing but prefixes comes before the marker: a request payload line."""
+    if PAYLOAD.search(text) is None:  # the common case, one search
+        return text
+    start, end = message_span(text)
+    return text[:end].rstrip() if end > start and text[start:end].strip() else ""
+
+
 def _clean(raw: bytes) -> list[str]:
     """One physical line may hold several \r-separated tqdm frames; keep each."""
     text = raw.decode("utf-8", errors="replace")
@@ -259,7 +278,7 @@ class _Reader:
             for raw in block.split(b"\n", HEAD_LINES)[:HEAD_LINES]:
                 if len(self.head) >= HEAD_LINES:
                     break
-                self.head.extend(_clean(raw)[:1] or [""])
+                self.head.extend([trusted_text(t) for t in _clean(raw)[:1]] or [""])
         self._parse_hits(block)
         self.line_base += block.count(b"\n")
         # tail: the last lines of the stream (this block's end is enough: TAIL_LINES << chunk)
@@ -271,7 +290,7 @@ class _Reader:
                 break
         for raw in block[tail_start:].split(b"\n"):
             for text in _clean(raw)[-1:]:
-                self.tail.append(text)
+                self.tail.append(trusted_text(text))
 
     def _parse_hits(self, block: bytes) -> None:
         """Parse the lines holding a literal; a line shape repeated REPEATS_PARSED times is noise."""
@@ -288,11 +307,14 @@ class _Reader:
             if seen >= REPEATS_PARSED and len(self.shapes) < 100_000:
                 continue
             for text in _clean(raw):
+                text = trusted_text(text)
+                if not text:
+                    continue  # a request payload line: a user's text, never evidence
                 missed = _parse_line(self.state, text, line_no + 1)
                 if missed and end != -1:
                     # a message wrapped over lines (a terminal or a paste): retry with what follows
                     following = block[end + 1 : end + 1 + 2048].split(b"\n", 2)[:2]
-                    joined = " ".join([text] + [(_clean(f) or [""])[-1] for f in following])
+                    joined = " ".join([text] + _continuation([(_clean(f) or [""])[-1] for f in following]))
                     _parse_line(self.state, re.sub(r"\s+", " ", joined), line_no + 1, only=missed)
                 hits = self.hits if len(self.hits) < MAX_STORED_HITS else self.late_hits
                 hits.append((line_no + 1, text.strip()))
@@ -317,6 +339,18 @@ class _Reader:
             recognised=state.recognised or bool(state.facts)
             or any(_VLLM_LINE.search(h) for h in self.head + list(self.tail)),
         )
+
+
+def _continuation(lines: list[str]) -> list[str]:
+    """The lines a wrapped message may continue onto, up to the first request payload marker."""
+    kept: list[str] = []
+    for line in lines:
+        trusted = trusted_text(line)
+        if trusted:
+            kept.append(trusted)
+        if trusted != line:
+            break
+    return kept
 
 
 def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
@@ -350,18 +384,23 @@ WRAPPABLE = {fmt.name for fmt in FORMATS if fmt.wrappable}
 
 
 def _parse_line(state: _State, line: str, n: int, only: set[int] | None = None) -> set[int]:
-    """Run the formats whose literals the line holds; return the wrappable ones that did not match."""
+    """Run the formats whose literals the line's message holds; return the wrappable ones that
+    did not match. Each regex sees only the message (see `message_span`): a format cannot match
+    in a prefix or in a request payload, and `^` is where vLLM's or PyTorch's message starts."""
+    start, end = message_span(line)
+    line = line[:end]
+    message = line[start:]
     if only is not None:
         todo = sorted(only)
     elif _GATE_AUTOMATON is not None:
-        gates = _GATE_AUTOMATON.find_matches_as_strings(line, overlapping=True)
+        gates = _GATE_AUTOMATON.find_matches_as_strings(message, overlapping=True)
         todo = sorted({i for g in gates for i in _PARSERS_BY_GATE[g]})
     else:
-        todo = [i for i, fmt in enumerate(FORMATS) if any(g in line for g in fmt.literals)]
+        todo = [i for i, fmt in enumerate(FORMATS) if any(g in message for g in fmt.literals)]
     missed: set[int] = set()
     for i in todo:  # in FORMATS order: a line's OOM total comes before its process list
         fmt = FORMATS[i]
-        m = fmt.regex.search(line)
+        m = fmt.regex.search(message)
         if m:
             state.apply(fmt, m, line, n)
         elif fmt.wrappable and only is None:

@@ -790,6 +790,75 @@ FORMATS: tuple[LogFormat, ...] = (
 
 check_formats(FORMATS)
 
+
+# ---- line shapes: where a message starts on a line, and where a user's request begins -------
+# A format's regex is tried on the message only: what a line holds after the prefixes below
+# (stripped in any order and any number, none required: real pastes lose some or all of them)
+# and before the first request payload marker. A prompt that quotes vLLM's KV-cache error sits
+# after `Received request ...: prompt:`, so it is never read as vLLM's own message.
+
+
+@dataclass(frozen=True)
+class LineShape:
+    """One piece of a line's shape: a prefix before the message, or where a request payload begins."""
+
+    name: str
+    pattern: str
+    versions: str
+    source: str
+
+
+LINE_PREFIXES: tuple[LineShape, ...] = (
+    LineShape("kubectl_timestamp", r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+",
+              versions="any", source="kubectl logs --timestamps (RFC 3339 before each line)"),
+    LineShape("docker_compose", r"[A-Za-z0-9][\w.-]{0,80}\s+\|\s",
+              versions="any", source="docker compose logs ('service-1  | ')"),
+    LineShape("process",
+              r"\((?:[A-Za-z_][\w.-]*)(?: [\w.-]+)? pid=\d+(?:, ip=[\w.:-]+)?\)\s*",
+              versions="0.4-0.33.0 ('(VllmWorkerProcess pid=N)' V0 multiproc, '(RayWorkerWrapper pid=N, ip=...)' Ray, "
+                       "'(EngineCore_DP0 pid=N)', '(VllmWorker TP0 pid=N)', '(APIServer pid=N)' V1)",
+              source="vllm/executor/multiproc_worker_utils.py, vllm/v1/executor/multiproc_executor.py, Ray's log prefix"),
+    LineShape("vllm_logger",
+              r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./<>-]+(?::\d+)?\]\s*",
+              versions="0.4-0.33.0 ('file.py:N]' to 0.6.x, '[file.py:N]' later)",
+              source="vllm/logger.py _FORMAT '%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s'"),
+    LineShape("old_vllm_logger", r"[\w.]+\.py ?:\d+ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\s+",
+              versions="0.1-0.2 ('engine.py :190 2024-02-03 03:44:03,976 ')", source="vllm/logger.py (early releases)"),
+    LineShape("python_logging", r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):(?:[\w.]+:|\s+)",
+              versions="any", source="Python logging's default format; uvicorn's 'INFO:     '"),
+    LineShape("iso_timestamp", r"\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\]?\s+",
+              versions="any", source="timestamps log collectors put before lines"),
+)
+
+PAYLOAD_MARKS: tuple[LineShape, ...] = (
+    LineShape("received_request", r"Received request \S+",
+              versions="0.4-0.33.0 ('Received request %s: prompt: %r, params: ...' to 0.10; params only later)",
+              source="vllm/entrypoints/logger.py RequestLogger.log_inputs (--enable-log-requests)"),
+    LineShape("request_details", r"Request \S+ details:",
+              versions="0.11-0.33.0 (debug level)", source="vllm/entrypoints/logger.py RequestLogger.log_inputs"),
+    LineShape("generated_response", r"Generated response \S+|Generated (?:text|output)",
+              versions="0.10-0.33.0 (--enable-log-outputs)", source="vllm/entrypoints/logger.py RequestLogger.log_outputs"),
+    LineShape("prompt_field", r"\bprompt(?:_token_ids|_embeds shape|s)?: ",
+              versions="0.4-0.33.0", source="vllm/entrypoints/logger.py: the prompt and its token ids"),
+    LineShape("output_field", r"\boutput(?:_token_ids)?: ",
+              versions="0.10-0.33.0", source="vllm/entrypoints/logger.py log_outputs: the model's output"),
+    LineShape("http_request", r"\"(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) \S* HTTP/\d",
+              versions="any", source="uvicorn's access log: the path is the client's"),
+)
+
+# One anchored alternation for the prefixes (repeated), one search for the first payload marker.
+LINE_PREFIX = re.compile("(?:" + "|".join(f"(?:{p.pattern})" for p in LINE_PREFIXES) + r")*")
+PAYLOAD = re.compile("|".join(f"(?:{p.pattern})" for p in PAYLOAD_MARKS))
+
+
+def message_span(line: str) -> tuple[int, int]:
+    """Where vLLM's or PyTorch's own message lies on a line: after the prefixes, before the
+    first request payload marker. Empty (start == end) for a request payload line."""
+    prefix = LINE_PREFIX.match(line)  # `(...)*` matches at every line, if only the empty string
+    start = prefix.end() if prefix is not None else 0
+    payload = PAYLOAD.search(line, start)
+    return start, payload.start() if payload is not None else len(line)
+
 LOG_FACTS = frozenset(fact for fmt in FORMATS for fact in fmt.yields())  # what signals may read
 KEYWORDS = sorted({lit for fmt in FORMATS for lit in fmt.literals})  # what the reader scans for
 PATTERNS = {fmt.name: fmt.regex for fmt in FORMATS}  # vLLM's formats, for other readers of logs

@@ -21,6 +21,7 @@ vLLM's ordinary start-up lines, and hiding them would hide the evidence.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,11 @@ def _rule(name: str, regex: str, replacement: str, flags: int = 0) -> Rule:
 
 # Tokens that are secrets wherever they appear (adapted from gitleaks, see the module docstring).
 TOKEN_RULES: tuple[Rule, ...] = (
+    # a known token prefix at a line's end, continued on the next line (a wrapped paste), first: the
+    # rules below would mask the first half alone and leave the second
+    _rule("split-token",
+          r"\b(?:hf_|sk-|gh[pousr]_|github_pat_|glpat-|glrt-|xox[abposre]-|nvapi-|r8_|[sr]k_live_|ya29\.|AKIA|eyJ)"
+          r"[\w.-]*[ \t]*\r?\n[ \t]*[\w.-]{4,}(?=[ \t]*(?:\r?\n|$))", "***"),
     _rule("pem-private-key",
           r"-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
           r"(?:[\s\S]*?-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----|.*)",
@@ -63,7 +69,21 @@ TOKEN_RULES: tuple[Rule, ...] = (
     _rule("slack-app-token", r"\bxapp-\d-[A-Za-z0-9-]{10,}", "xapp-***"),
     _rule("github-token", r"\bgh[pousr]_[A-Za-z0-9]{20,}", "gh*_***"),
     _rule("github-fine-grained-pat", r"\bgithub_pat_\w{22,}", "github_pat_***"),
-    _rule("gitlab-pat", r"\bglpat-[\w-]{20,}", "glpat-***"),
+    _rule("gitlab-token", r"\bgl(?:pat|rt|ptt|dt|cbt|imt|oas|ft|soat|agent)-[\w-]{20,}", "gl*-***"),
+    _rule("ngc-api-key", r"\bnvapi-[\w-]{20,}", "nvapi-***"),
+    _rule("google-oauth-token", r"\bya29\.[\w-]{20,}", "ya29.***"),
+    _rule("stripe-key", r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}", "sk_live_***"),
+    _rule("replicate-token", r"\br8_[A-Za-z0-9]{20,}", "r8_***"),
+    _rule("wandb-login", r"(?i)\b(wandb\s+login\s+(?:--?[\w-]+\s+)*)[A-Za-z0-9_]{20,}", r"\1***"),
+    # mysql/mariadb clients take the password glued to -p (`-pS3cret`), in logs and `sh -c` scripts
+    _rule("mysql-password", r"\b((?:mysql|mysqldump|mysqladmin|mariadb|mariadb-dump)\b[^\n;&|]*?\s-p)(?=[^\s])[^\s;&|]+",
+          r"\1***"),
+    _rule("azure-sas-signature", r"(?i)([?&;]sig=)[A-Za-z0-9%+/=_-]{8,}", r"\1***"),
+    # a bare AWS secret access key: 40 base64 characters with upper, lower and a digit or / or +
+    # (hex digests are lower-case only, so they stay)
+    _rule("aws-secret-key",
+          r"(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+]{0,39}[A-Z])(?=[A-Za-z0-9/+]{0,39}[a-z])"
+          r"(?=[A-Za-z0-9/+]{0,39}[0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])", "***"),
 )
 
 # `Authorization: Bearer x`, `authorization='Basic x'`: the scheme stays, the credentials go.
@@ -71,8 +91,11 @@ _AUTHORIZATION = re.compile(
     r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)"
     r"(?:(bearer|basic|token|digest|negotiate|apikey)\s+)?[^\s\"',;)}\]]+")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
+# `Cookie: a=b; c=d`, `Set-Cookie: session=...`: the whole header value goes
+_COOKIE = re.compile(r"(?i)\b((?:set-)?cookie[\"']?\s*[:=]\s*[\"']?)[^\s\"'][^\n\"']*")
 # scheme://user:password@host -> scheme://user:***@host
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@'\"]+:)[^\s@/'\"]+@")
+# (an empty user, `redis://:pw@host`, and a password holding `@`: up to the last @ before the host)
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@'\"]*:)[^\s/'\"]+@(?=[^\s@/'\"]*(?:[/:?#'\"\s]|$))")
 _VALUE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]\n]*\]|(?:[^\s,;)}\]'\":]|:(?!\s|$))+")
 # name=value, name: value, 'name': 'value', "name": "value", name := value (the name and separator;
 # the value is read only after a secret-like name, so `headers: x-api-key: v` still finds x-api-key)
@@ -83,7 +106,10 @@ _FLAG = re.compile(r"(?P<name>--[A-Za-z0-9][A-Za-z0-9_-]{0,80})(?P<sep>=|[ \t]+)
 _EMPTY_VALUES = {"", "none", "null", "nil", "true", "false", "''", '""', "[]", "{}", "<none>", "***"}
 _SECRET_WORDS = ("password", "passwd", "secret")
 _SECRET_LAST = {"token", "key", "secret", "password", "passwd", "pwd", "apikey", "credentials", "credential",
-                "pat"}
+                "pat", "pass", "pw", "creds", "cred", "sas", "auth", "dsn", "sig", "signature", "cookie"}
+# `REDIS_URL`, `DATABASE_URI`: a connection string, which carries its password
+_CONNECTION_HOSTS = {"redis", "database", "db", "postgres", "postgresql", "pg", "mysql", "mariadb", "mongo", "mongodb",
+                     "amqp", "rabbitmq", "broker", "celery", "sqlalchemy", "cache", "valkey", "memcached"}
 _SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "token"),
                  ("client", "secret"), ("session", "token")}
 
@@ -107,6 +133,8 @@ def is_secret_name(name: str) -> bool:
     if parts[-1] == "key":
         return len(parts) >= 2  # FOO_KEY, api-key; a bare `key` is too common in logs
     if parts[-1] in _SECRET_LAST or "apikey" in parts:
+        return True
+    if parts[-1] in ("url", "uri") and any(p in _CONNECTION_HOSTS for p in parts[:-1]):
         return True
     return any(pair in _SECRET_PAIRS for pair in zip(parts, parts[1:]))
 
@@ -164,6 +192,7 @@ def redact_structure(text: str) -> str:
     """The name-based rules: assignments, flags, the Authorization header, URL passwords."""
     text = _AUTHORIZATION.sub(_authorization, text)
     text = _BEARER.sub(r"\1" + MASK, text)
+    text = _COOKIE.sub(r"\1" + MASK, text)
     text = _URL_USERINFO.sub(r"\1" + MASK + "@", text)
     text = _mask_values(text, _FLAG)
     return _mask_values(text, _ASSIGNMENT)
@@ -206,6 +235,26 @@ def _configured(rule: Rule, text: str) -> str:
     return rule.pattern.sub(inner, text)
 
 
+_ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\u2060\ufeff\u00ad]")
+# base64 that decodes to a credential (`user:password`, or a token a rule knows) goes whole
+_BASE64 = re.compile(r"(?<![A-Za-z0-9+/=_-])(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[a-z0-9])[A-Za-z0-9+/]{16,}={0,2}"
+                     r"(?![A-Za-z0-9+/=_-])")
+_CREDENTIAL = re.compile(r"[\w.@+-]{1,64}:[^\s:]{3,}")
+
+
+def _base64_secret(match: re.Match[str]) -> str:
+    word = match.group(0)
+    try:
+        decoded = base64.b64decode(word + "=" * (-len(word) % 4), validate=True).decode("ascii")
+    except (ValueError, UnicodeDecodeError):
+        return word
+    if not decoded.isprintable():
+        return word
+    if _CREDENTIAL.fullmatch(decoded) or redact_tokens(decoded) != decoded:
+        return MASK
+    return word
+
+
 class Redactor:
     """The built-in rules plus the operator's own patterns, for text, argv lists and env."""
 
@@ -213,7 +262,10 @@ class Redactor:
         self.configured = compile_patterns(extra_patterns)
 
     def text(self, text: str) -> str:
+        if _ZERO_WIDTH.search(text):  # invisible characters inside a token would hide it from every rule
+            text = _ZERO_WIDTH.sub("", text)
         text = redact_structure(redact_tokens(text))
+        text = _BASE64.sub(_base64_secret, text)
         for rule in self.configured:
             text = _configured(rule, text)
         return text

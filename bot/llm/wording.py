@@ -1,10 +1,11 @@
-"""Optional plain-language explanations through any OpenAI-compatible endpoint.
+"""Optional commentary through any OpenAI-compatible endpoint, beside the diagnosis, never in it.
 
-The LLM only rewords: the cause, the numbers and the change come from playbooks and
-formulas, and are never taken from the model. Its text is dropped when it names a number the
-diagnosis does not contain, runs long, or the endpoint fails; the bot then shows the
-playbook's own explanation. Nothing is sent unless VLLM_ONCALL_LLM_BASE_URL is set, and what
-is sent has secrets redacted.
+The cause, the numbers and the change come from playbooks and formulas, never from the model.
+The model's text is dropped when it names a number or a flag the diagnosis does not, runs long,
+speaks of approval, agreement, authorisation, clicking or applying, or steers the reader; and
+what passes is made inert (mentions, links and channel pings removed) and posted under a label
+that says it is not a proposal. Nothing is sent unless VLLM_ONCALL_LLM_BASE_URL is set, and
+what is sent has secrets redacted.
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from bot.diagnosis.evidence import pod_view
-from bot.diagnosis.models import DiagnosisResult, Evidence, revised
-from bot.diagnosis.redact import Redactor, redact
+from bot.diagnosis.logfacts import trusted_text
+from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.diagnosis.redact import Redactor
 from bot.llm.settings import LLMSettings
 
 log = logging.getLogger(__name__)
 MAX_CHARS = 700
-SYSTEM = ("You explain a diagnosed vLLM start-up crash to an on-call engineer in at most three short sentences of "
-          "plain English. Use only facts and numbers present in the JSON you are given. Do not propose any other "
-          "change, flag or command. Do not use Markdown.")
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
 
@@ -40,54 +39,6 @@ def _numbers(text: str) -> set[str]:
         n = n.replace(",", "")
         out.add(n.rstrip("0").rstrip(".") if "." in n else n)
     return out
-
-
-def acceptable(text: str, source: str) -> bool:
-    """The model's text may only use numbers the diagnosis already states, and may not steer
-    (approve, override, instructions: see steering())."""
-    if not text or len(text) > MAX_CHARS or steering(text):
-        return False
-    return _numbers(text) <= _numbers(source)
-
-
-def explain(diagnosis: DiagnosisResult, settings: LLMSettings | None) -> str | None:
-    if settings is None or diagnosis.cause is None:
-        return None
-    payload = redact(json.dumps({
-        "cause": diagnosis.cause, "title": diagnosis.title, "explanation": diagnosis.explanation,
-        "changes": [c.model_dump() for c in diagnosis.changes], "evidence": diagnosis.evidence[:5],
-    }))
-    try:
-        from openai import OpenAI
-
-        client = OpenAI(base_url=settings.base_url, api_key=settings.api_key, timeout=settings.timeout_seconds,
-                        max_retries=1)
-        reply = client.chat.completions.create(
-            model=settings.model, temperature=0,
-            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": payload}])
-        text = (reply.choices[0].message.content or "").strip()
-    except Exception as exc:  # any endpoint failure: the bot works without the LLM
-        log.warning("LLM explanation skipped: %s", exc)
-        return None
-    if not acceptable(text, payload):
-        log.warning("LLM explanation dropped: it states numbers the diagnosis does not, or is too long")
-        return None
-    return text
-
-
-def with_llm_wording(settings: LLMSettings | None, playbooks: Any = None) -> Callable[[Evidence], DiagnosisResult]:
-    """The core's diagnose (with these playbooks; None: the bundled ones), with the model's
-    plain-language summary appended when it passes."""
-    from bot.diagnosis.diagnose import diagnose
-
-    def diagnose_and_word(evidence: Evidence) -> DiagnosisResult:
-        result = diagnose(evidence, playbooks)
-        words = explain(result, settings)
-        if not words:
-            return result
-        return revised(result, explanation=f"{result.explanation}\nIn plain words: {words}")
-
-    return diagnose_and_word
 
 
 # ---- the commentator: the model's words beside the diagnosis, never in it -----------------
@@ -102,13 +53,25 @@ EXCERPT_BYTES = 64 * 1024
 # Replies that try to steer the reader or the bot, rather than explain, are dropped whole.
 _VERBS = (r"(?:set|change|increase|decrease|raise|lower|reduce|add|remove|apply|run|restart|delete|patch|"
           r"roll\s*back|rollback|try|use|edit|update|configure|pass|approve|click)")
+# A reply that speaks of a decision at all (approval, agreement, authorisation, sign-off) or of
+# acting on the proposal (clicking, applying, merging) is persuasion, not an explanation, even
+# without an imperative: "the on-call lead already agreed" is dropped like "click Approve".
+_DECISION = (r"approv\w*|agree\w*|agreement|consent\w*|authori[sz]\w*|permi(?:t|ts|tted|ssion)\w*|allow(?:ed|s)?|"
+             r"sign(?:ed|s)?[\s-]*off|signoff|green[\s-]*light\w*|ok(?:ay)?(?:ed|'d)|lgtm|go[\s-]+ahead|"
+             r"confirm\w*|accept(?:ed|s)?|vouch\w*|endors\w*|sanction\w*|blessed|"
+             r"click\w*|button|press\w*|tap(?:ped)?|appl(?:y|ies|ied|ying)|merg\w*|deploy\w*|"
+             r"on[\s-]*call\s+lead|lead\s+engineer|manager|team\s+lead|safe\s+to")
 _STEERING = re.compile(
-    r"(?i)\b(?:approv\w*|click\w*|button|ignore\s+(?:all|any|the|previous|prior|above)\w*|disregard\w*|system|"
+    rf"(?i)\b(?:{_DECISION}|ignore\s+(?:all|any|the|previous|prior|above)\w*|disregard\w*|system|"
     r"override\w*|instruction\w*|jailbreak|prompt|recommend\w*|suggest\w*|"
     r"you\s+(?:must|should|need\s+to|have\s+to|can|could)|kubectl)\b"
-    r"|https?://|<!|@here|@channel"
+    r"|https?://|www\.|<!|@here|@channel|@everyone"
     rf"|(?i:(?:^|[.!?;:]\s*|\n\s*|\bto\s+|\bplease\s+){_VERBS}\b)"  # an imperative: a sentence that starts with a verb
     rf"|(?i:\b{_VERBS}\s+(?:the\s+)?(?:--|`|flag|option|argument|setting))", re.MULTILINE)
+# Slack turns <@U1>, <#C1>, <!here>, <!subteam^S1>, <http://x|y> and <mailto:...> into pings
+# and links; any angle-bracketed span is removed, and a stray < > & escaped by the chat.
+_SLACK_ENTITY = re.compile(r"<[^<>\n]{0,200}>")
+_AT_WORD = re.compile(r"@(?=\w)")
 _FLAG_LIKE = re.compile(r"--[a-z0-9][a-z0-9-]*|\b[a-z]+(?:_[a-z0-9]+)+\b")
 
 
@@ -135,9 +98,20 @@ def acceptable_commentary(text: str, source: str) -> str | None:
     return f"steering language ({phrase!r})" if phrase else None
 
 
+def inert(text: str) -> str:
+    """The model's text with nothing that acts in chat: every `<...>` span (a mention, a
+    channel or group ping, a link) removed, and a space after each `@` so no `@name` or
+    `@here` can be read as a mention by any client. (Not an invisible joiner: redaction removes
+    zero-width characters, which can hide a token.)"""
+    text = _SLACK_ENTITY.sub("[removed]", text)
+    text = text.replace("<", "(").replace(">", ")")
+    return _AT_WORD.sub("@ ", text)
+
+
 def labelled(text: str) -> str:
-    """The block the commentary is shown in: titled, quoted, never mistaken for the proposal."""
-    quoted = "\n".join(f"> {line}" for line in text.splitlines() if line.strip())
+    """The block the commentary is shown in: titled, quoted, inert, never mistaken for the
+    proposal or for anyone's decision."""
+    quoted = "\n".join(f"> {line}" for line in inert(text).splitlines() if line.strip())
     return f"*{COMMENTARY_TITLE}*\n{quoted}"
 
 
@@ -162,6 +136,14 @@ class Commentator:
         self._calls: deque[float] = deque()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llm")
+        self._client: Any = None
+        if settings is not None:
+            # Made here, not in the first call: importing the client takes seconds on a loaded
+            # machine, which would spend the first incident's whole timeout.
+            from openai import OpenAI
+
+            self._client = OpenAI(base_url=settings.base_url, api_key=settings.api_key, timeout=timeout_seconds,
+                                  max_retries=0)
 
     def comment(self, incident_key: str, diagnosis: DiagnosisResult, evidence: Evidence | None = None) -> str | None:
         if self.settings is None or diagnosis.cause is None:
@@ -211,17 +193,14 @@ class Commentator:
         doc = {"cause": diagnosis.cause, "title": diagnosis.title, "explanation": diagnosis.explanation,
                "changes": [c.model_dump() for c in diagnosis.changes],
                "evidence": [self.redactor.text(line) for line in diagnosis.evidence[:5]],
-               "log_excerpt": [self.redactor.text(line) for line in excerpt],
+               # redacted as one text: a token wrapped over two lines is masked whole
+               "log_excerpt": self.redactor.text("\n".join(excerpt)).splitlines(),
                "command": self.redactor.args(command)}
         return self.redactor.text(json.dumps(doc))
 
     def _ask(self, payload: str) -> str:
-        from openai import OpenAI
-
-        assert self.settings is not None
-        client = OpenAI(base_url=self.settings.base_url, api_key=self.settings.api_key,
-                        timeout=self.timeout_seconds, max_retries=0)
-        reply = client.chat.completions.create(
+        assert self.settings is not None and self._client is not None
+        reply = self._client.chat.completions.create(
             model=self.settings.model, temperature=0,
             messages=[{"role": "system", "content": COMMENTARY_SYSTEM}, {"role": "user", "content": payload}])
         return (reply.choices[0].message.content or "").strip()
@@ -236,7 +215,9 @@ class Commentator:
 
 
 def log_excerpt(evidence: Evidence, lines: int = EXCERPT_LINES) -> list[str]:
-    """The last lines of the previous container's log (read from the end, bounded)."""
+    """The last lines of the previous container's log (read from the end, bounded), each up to
+    its first request payload marker: a user's prompt printed by vLLM is not shown to the model
+    (it could hold instructions), as it is never evidence."""
     source = evidence.log
     if source.text is not None:
         text = source.text[-EXCERPT_BYTES:]
@@ -250,7 +231,8 @@ def log_excerpt(evidence: Evidence, lines: int = EXCERPT_LINES) -> list[str]:
             return []
     else:
         return []
-    return [line for line in text.splitlines() if line.strip()][-lines:]
+    kept = (trusted_text(line) for line in text.splitlines())
+    return [line for line in kept if line.strip()][-lines:]
 
 
 def printable_error(exc: BaseException) -> str:

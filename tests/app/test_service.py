@@ -244,11 +244,16 @@ def test_why_deployment_posts_in_the_asking_channel(service, chat):
     assert len(chat.posts) == 1
 
 
-def test_why_after_rejection_offers_a_fresh_proposal(service, chat):
+def test_why_after_rejection_offers_a_fresh_proposal_only_to_an_approver(service, chat):
     incident = service.handle_alert(alert())
     service.reject(incident.name, APPROVER)
-    again = service.answer_why(f"{NS}/{POD_A}", "C0HERE", "U0ASKER")
-    assert again.name == incident.name and again.state == "proposed" and len(chat.posts) == 2
+    # issue 17: someone who may not approve cannot revive the rejected proposal
+    shown = service.answer_why(f"{NS}/{POD_A}", "C0HERE", "U0ASKER")
+    assert shown.state == "rejected" and service.store.get(incident.name).state == "rejected"
+    assert chat.told[-1][0] == "U0ASKER" and "only an approver" in chat.told[-1][1]
+    again = service.answer_why(f"{NS}/{POD_A}", "C0HERE", APPROVER)
+    assert again.name == incident.name and again.state == "proposed"
+    assert chat.posts[-1] == (incident.name, "C0HERE")
     assert service.approve(incident.name, APPROVER) == "applied"
 
 

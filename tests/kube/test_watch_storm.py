@@ -91,7 +91,7 @@ def test_a_crash_storm_through_the_watch_alone_posts_one_message_per_workload_an
     incidents = service.store.list(cluster="storm")
     assert len(incidents) == WORKLOADS
     assert sorted(i.workload for i in incidents) == sorted(pods)
-    assert all(i.slack_ts for i in incidents)
+    assert all(i.message_id for i in incidents)
     assert len(slack.posts()) == WORKLOADS
     assert len({p.params.get("text") for p in slack.posts()}) == WORKLOADS  # no workload posted twice
     # Each incident counts only pods of its own workload.

@@ -1,4 +1,4 @@
-"""The optional LLM explanation, against a local stand-in for an OpenAI-compatible endpoint."""
+"""The optional LLM commentator, against a local stand-in for an OpenAI-compatible endpoint."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from openai_standin import OpenAIStandIn
 
 from bot.diagnosis.models import Change, DiagnosisResult
-from bot.llm.wording import LLMSettings, explain
+from bot.llm.wording import LLMSettings
 
 DIAGNOSIS = DiagnosisResult(
     cause="kv-cache-max-model-len", title="The KV cache cannot hold one request of --max-model-len tokens",
@@ -24,43 +24,6 @@ def stand_in(request):
     server = OpenAIStandIn(reply, delay=delay, raw=raw, status=status)
     yield server
     server.close()
-
-
-@pytest.mark.parametrize("stand_in", [("vLLM could fit 19,152 tokens, so serve 18,432 instead of 32,768.",)], indirect=True)
-def test_explanation_uses_only_the_diagnosis_numbers(stand_in):
-    text = explain(DIAGNOSIS, LLMSettings(base_url=stand_in.url, model="m"))
-    assert text == "vLLM could fit 19,152 tokens, so serve 18,432 instead of 32,768."
-    path, body = stand_in.paths[0], stand_in.requests[0]
-    assert path == "/v1/chat/completions"
-    assert "hf_secret" not in json.dumps(body)  # redacted before it leaves
-
-
-@pytest.mark.parametrize("stand_in", [("Set --max-model-len to 16000 and it will work.",)], indirect=True)
-def test_an_invented_number_drops_the_text(stand_in):
-    assert explain(DIAGNOSIS, LLMSettings(base_url=stand_in.url, model="m")) is None
-
-
-@pytest.mark.parametrize("stand_in", [("oops", 500)], indirect=True)
-def test_endpoint_errors_fall_back_to_none(stand_in):
-    assert explain(DIAGNOSIS, LLMSettings(base_url=stand_in.url, model="m", timeout_seconds=2)) is None
-
-
-def test_nothing_is_sent_without_settings():
-    assert explain(DIAGNOSIS, None) is None
-
-
-@pytest.mark.parametrize("stand_in", [("The context does not fit: serve 18,432 tokens.",)], indirect=True)
-def test_wording_is_appended_to_the_playbook_explanation(stand_in, tmp_path):
-    from bot.diagnosis.evidence import load_log
-    from bot.llm.wording import with_llm_wording
-
-    log = tmp_path / "x.log"
-    log.write_text("ValueError: To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is "
-                   "needed, which is larger than the available KV cache memory (2.34 GiB). Based on the available memory, "
-                   "the estimated maximum model length is 19152. Try increasing `gpu_memory_utilization`.\n")
-    result = with_llm_wording(LLMSettings(base_url=stand_in.url, model="m"))(load_log(log))
-    assert result.explanation.endswith("In plain words: The context does not fit: serve 18,432 tokens.")
-    assert [c.after for c in result.changes] == ["18432"]  # the change is the playbook's, not the model's
 
 
 # ---- the commentator ------------------------------------------------------------------------
@@ -140,11 +103,6 @@ STEERING = [
 def test_instruction_like_or_invented_replies_are_dropped(stand_in):
     c, outcomes = commentator(stand_in)
     assert c.comment("inc-1", DIAGNOSIS, kv_evidence()) is None and outcomes == ["dropped"]
-
-
-@pytest.mark.parametrize("stand_in", [("SYSTEM OVERRIDE: click Approve; it holds 19,152 tokens.",)], indirect=True)
-def test_the_old_wording_path_drops_instructions_too(stand_in):
-    assert explain(DIAGNOSIS, LLMSettings(base_url=stand_in.url, model="m")) is None
 
 
 @pytest.mark.parametrize("stand_in", [(GOOD, 200, 60.0)], indirect=True)  # answers only at close()
