@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
+from standin_http import bound
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CORPUS = ROOT.parent / "shared" / "corpus"
@@ -142,10 +145,40 @@ def http(url: str, body: bytes | None = None, headers: dict[str, str] | None = N
 
 
 def wait_for(predicate, timeout: float, step: float = 0.02) -> bool:
-    """Poll until `predicate()` holds or `timeout` seconds pass; returns whether it held."""
-    deadline = time.monotonic() + timeout
+    """Poll until `predicate()` holds; returns whether it held. `timeout` only bounds a failure
+    (stretched to standin_http.FAILURE_BOUND, so a loaded machine is not one)."""
+    deadline = time.monotonic() + bound(timeout)
     while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(step)
     return bool(predicate())
+
+
+class TrackedExecutor(ThreadPoolExecutor):
+    """A thread pool that knows when all it was given has run: hand it to what runs work in the
+    background (Bolt's listeners: `build_app(..., listener_executor=...)`) and `wait_idle()`
+    instead of sleeping until things look settled."""
+
+    def __init__(self, max_workers: int = 5):
+        super().__init__(max_workers=max_workers, thread_name_prefix="tracked")
+        self._pending = 0
+        self._idle = threading.Condition()
+
+    def submit(self, fn, /, *args, **kwargs):
+        with self._idle:
+            self._pending += 1
+        future = super().submit(fn, *args, **kwargs)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _future) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Until every submitted task has finished; `timeout` only bounds a failure."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._pending == 0, timeout):
+                raise AssertionError(f"background work still running after {timeout} s")

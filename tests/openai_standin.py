@@ -1,66 +1,65 @@
-"""A local stand-in for an OpenAI-compatible endpoint, for the wired commentator's tests."""
+"""A local stand-in for an OpenAI-compatible endpoint, for the LLM wording and the wired commentator's tests."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from standin_http import QuietHandler, StandInServer, bound
 
 
 class OpenAIStandIn:
-    """Answers POST /v1/chat/completions in OpenAI's wire format after `delay` seconds and
-    records every request body (what the bot sent the model)."""
+    """Answers POST /v1/chat/completions in OpenAI's wire format (HTTP `status`) after `delay`
+    seconds and records every request: its path, its body (what the bot sent the model), when it came."""
 
-    def __init__(self, reply: str = "", delay: float = 0.0, raw: bytes | None = None):
-        self.reply, self.delay, self.raw = reply, delay, raw
+    def __init__(self, reply: str = "", delay: float = 0.0, raw: bytes | None = None, status: int = 200):
+        self.reply, self.delay, self.raw, self.status = reply, delay, raw, status
         self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
         self.bodies: list[str] = []
         self.arrived: list[float] = []  # time.monotonic() of each request
         self._stop = threading.Event()
+        self._changed = threading.Condition()  # notified on each request
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                text = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace")
-                outer.arrived.append(time.monotonic())
-                outer.bodies.append(text)
+                text = self.body().decode("utf-8", "replace")
                 body = json.loads(text)
-                outer.requests.append(body)
+                with outer._changed:
+                    outer.arrived.append(time.monotonic())
+                    outer.paths.append(self.path)
+                    outer.bodies.append(text)
+                    outer.requests.append(body)
+                    outer._changed.notify_all()
                 outer._stop.wait(outer.delay)  # a slow endpoint; released at close()
                 data = outer.raw if outer.raw is not None else json.dumps({
                     "id": "c1", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
                     "choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": outer.reply}}],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass  # the client gave up (its timeout)
+                self.reply(outer.status, data)  # a client that gave up (its timeout) is not an error
 
-            def log_message(self, *args: Any) -> None:
-                pass
+        self.server = StandInServer(Handler, name="openai-stand-in").start()
+        self.url = f"{self.server.url}/v1"
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+    def wait_for_requests(self, count: int, timeout: float = 60) -> bool:
+        """Whether `count` requests have come within `timeout` (as written: also a short look for one too many)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.requests) >= count, timeout)
 
     def close(self) -> None:
         self._stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
 
 
-def wait_until(predicate, timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
+def wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
+    """Poll until `predicate()` holds; `timeout` only bounds a failure (standin_http.bound)."""
+    deadline = time.monotonic() + bound(timeout)
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.05)
+        time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 from slack_bolt import Ack, App
@@ -61,11 +62,13 @@ def playbooks_text() -> str:
 
 
 def build_app(served: OncallService | ClusterRouter, client: WebClient, signing_secret: str | None = None,
-              token_verification_enabled: bool = True, default_namespace: str = "default") -> App:
-    """The Bolt app of one cluster's service, or of a router over several clusters."""
+              token_verification_enabled: bool = True, default_namespace: str = "default",
+              listener_executor: Executor | None = None) -> App:
+    """The Bolt app of one cluster's service, or of a router over several clusters. The listeners
+    run on `listener_executor` (Bolt's own thread pool when None; a test passes one it can wait on)."""
     router = ClusterRouter.of(served)
     app = App(client=client, signing_secret=signing_secret or "", token_verification_enabled=token_verification_enabled,
-              name="vllm-oncall")
+              name="vllm-oncall", listener_executor=listener_executor)
 
     @app.command("/vllm")
     def vllm_command(ack: Ack, command: dict[str, Any]) -> None:

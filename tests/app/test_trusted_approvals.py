@@ -6,11 +6,10 @@ anyone with write access could edit them), and the Slack Web API stand-in."""
 from __future__ import annotations
 
 import json
-import time
 from datetime import timedelta
 
 import pytest
-from builders import EXAMPLE_LOG
+from builders import EXAMPLE_LOG, TrackedExecutor
 from kubeapi.objects import container, crashing_deployment, deployment
 from kubeapi.server import Chaos
 from slack_bolt.request import BoltRequest
@@ -50,7 +49,9 @@ class World:
         self.service = OncallService(self.cluster, self.store, self.chat,
                                      Policy(approver_users=frozenset({APPROVER}), verify_timeout_seconds=0.05),
                                      metrics=self.chat.metrics, **({"clock": clock} if clock else {}))
-        self.app = build_app(self.service, web, signing_secret=SECRET, token_verification_enabled=False)
+        self.listeners = TrackedExecutor()  # where Bolt runs the click's listener: waited on, not slept on
+        self.app = build_app(self.service, web, signing_secret=SECRET, token_verification_enabled=False,
+                             listener_executor=self.listeners)
 
     def alert(self, workload: str):
         pod = next(p["metadata"]["name"] for p in self.kube.list("Pod", NS) if p["metadata"]["name"].startswith(
@@ -67,18 +68,10 @@ class World:
         self.settle(before)
         return body
 
-    def settle(self, before: int, quiet: float = 0.3, timeout: float = 20) -> None:
-        """Bolt runs the listener in its own thread: wait until it answered in Slack and went quiet."""
-        deadline = time.monotonic() + timeout
-        seen, since = len(self.slack.calls), time.monotonic()
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
-            now = len(self.slack.calls)
-            if now != seen:
-                seen, since = now, time.monotonic()
-            elif now > before and time.monotonic() - since >= quiet:
-                return
-        raise AssertionError("the click was never answered in Slack")
+    def settle(self, before: int) -> None:
+        """Bolt runs the listener in its own thread: wait until it (and all it started) has finished."""
+        self.listeners.wait_idle()
+        assert len(self.slack.calls) > before, "the click was never answered in Slack"
 
     def patches(self) -> list:
         """Real (not dry-run) patches of workloads: what actually changed a workload."""
@@ -311,7 +304,7 @@ def test_a_patch_that_could_outlast_the_apply_grace_is_not_started_and_the_sweep
     # The claim commits, its answer comes 1.2 s late: the patch could no longer end inside the grace.
     kube_api.fail_commit("patch", "vllmincidents", "after", "slow", seconds=1.2)
     world.click(decision_value(incident), incident.message_id)
-    assert slack.wait_for(lambda: any("too slowly to patch safely" in c.params["text"] for c in slack.replies()), 10)
+    assert slack.wait_for(lambda: any("too slowly to patch safely" in c.params["text"] for c in slack.replies()), 60)
     assert world.patches() == [] and world.store.get(incident.name).state == "applying"
     world.service.sweep()  # inside the grace: nobody takes it over
     assert world.patches() == []

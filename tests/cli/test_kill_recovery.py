@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,12 @@ NS, DEPLOY, APPROVER, CHANNEL = "inference", "vllm-a", "U0APPROVER", "C0ALERTS"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ARGS = ["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"]
 SECRET = "kill-recovery-signing-secret"
-LEASE, GRACE, SLACK_TIMEOUT = 3.0, 8.0, 1  # post lease, apply grace (a patch gets 2 s per attempt), Slack timeout
-HELD = 20.0  # how long a held answer is delayed: far longer than any step of the test
+# post lease, apply grace (a patch gets 2 s per attempt), Slack timeout: the lease must be more than twice the
+# Slack timeout, which must outlast the moment between a held post and the kill even on a loaded machine.
+LEASE, GRACE, SLACK_TIMEOUT = 7.0, 8.0, 3
+HELD = 300.0  # how long a held answer is delayed: far longer than any step of the test (never waited out)
+UP = 120  # bounds the wait for a `serve` process to be ready (its imports on a loaded machine)
+STEP = 60  # bounds every other wait: only a failure waits it out
 
 
 
@@ -56,7 +61,7 @@ class Bot:
                                          env={**env, "VLLM_ONCALL_LISTEN": f"127.0.0.1:{self.port}"},
                                          cwd=folder, stdout=out, stderr=subprocess.STDOUT, text=True)
 
-    def ready(self, timeout: float = 30) -> None:
+    def ready(self, timeout: float = UP) -> None:
         ok = wait_for(lambda: self.proc.poll() is None and http(self.url + "/readyz")[0] == 200, timeout, 0.1)
         assert ok, f"bot {self.name} never became ready:\n{self.log.read_text()[-3000:]}"
 
@@ -125,7 +130,7 @@ class World:
     def posted(self, bot: Bot) -> tuple[str, str]:
         """Alert `bot` and wait for the incident's message; returns (message ts, Approve value)."""
         self.alert(bot)
-        assert wait_for(lambda: self.record().get("slack_ts"), 30), "the incident was never posted"
+        assert wait_for(lambda: self.record().get("slack_ts"), STEP), "the incident was never posted"
         self.quiet()
         return self.record()["slack_ts"], self.approve_value()
 
@@ -168,9 +173,11 @@ class World:
             if len(self.slack.calls) != seen:
                 seen, since = len(self.slack.calls), time.monotonic()
 
-    def recovered_exactly_once(self, timeout: float = 40) -> None:
+    def recovered_exactly_once(self, timeout: float = 2 * STEP) -> None:
         done = wait_for(lambda: self.record().get("state") not in ("proposed", "applying", "applied"), timeout, 0.1)
         assert done, f"stuck in {self.record().get('state')}:\n{self.logs()}"
+        # the reports may follow the last state write: wait for them, then a short look for any second one
+        wait_for(lambda: self.replies("Applied by") and self.replies("is Ready"), STEP, 0.05)
         self.quiet()
         assert self.record()["state"] == "verified", self.logs()
         assert len(self.patches()) == 1, "one real patch of the workload"
@@ -202,7 +209,7 @@ def test_kill_mid_post_a_replica_finds_the_message_after_the_lease_and_posts_not
     first, second = world.start("a", "b")  # two replicas of one bot
     slack.slow_next("chat.postMessage", HELD)  # Slack posts it, the answer comes late
     world.alert(first)
-    assert wait_for(lambda: len(slack.channel_messages(CHANNEL)) == 1, 20), "never posted"
+    assert wait_for(lambda: len(slack.channel_messages(CHANNEL)) == 1, STEP), "never posted"
     (attempt,) = slack.attempts("chat.postMessage")
     pending = time.monotonic() - attempt.at
     first.kill()  # the post exists, its answer is pending
@@ -210,10 +217,10 @@ def test_kill_mid_post_a_replica_finds_the_message_after_the_lease_and_posts_not
     record = world.record()
     assert record["post_key"] and not record.get("slack_ts"), "the killed bot never learnt the ts"
     # The replica waits out the lease, finds the key in the channel's history, posts nothing.
-    assert wait_for(lambda: world.record().get("slack_ts"), LEASE + 15, 0.1), world.logs()
+    assert wait_for(lambda: world.record().get("slack_ts"), LEASE + STEP, 0.1), world.logs()
     assert world.record()["slack_ts"] == slack.channel_messages(CHANNEL)[0]["ts"]
     assert len(slack.attempts("chat.postMessage")) == 1, "no second post"
-    assert wait_for(lambda: second.metric("vllm_oncall_posts_recovered_total") == 1, 5)
+    assert wait_for(lambda: second.metric("vllm_oncall_posts_recovered_total") == 1, STEP)
     assert second.metric("vllm_oncall_incidents_posted_total") == 1
     world.quiet()
     world.click(second, world.approve_value(), world.record()["slack_ts"])  # Approve on the message found
@@ -226,7 +233,7 @@ def test_kill_after_the_claim_committed_a_replica_applies_it_after_the_grace(wor
     # The claim's write (proposed -> applying) commits; its answer is held.
     kube_api.fail_commit("patch", "vllmincidents", "after", "slow", seconds=HELD)
     world.click(first, value, ts)
-    assert wait_for(lambda: world.record()["state"] == "applying", 10), world.logs()
+    assert wait_for(lambda: world.record()["state"] == "applying", STEP), world.logs()
     first.kill()
     assert world.patches() == [], "killed before the patch"
     claimed_at = time.monotonic()
@@ -240,7 +247,7 @@ def test_kill_while_the_patch_answer_is_pending_the_restarted_bot_reads_the_audi
     ts, value = world.posted(first)
     kube_api.fail_commit("patch", "deployments", "after", "slow", seconds=HELD)  # patched; the answer is held
     world.click(first, value, ts)
-    assert wait_for(lambda: len(world.audit()) == 1, 15), world.logs()
+    assert wait_for(lambda: len(world.audit()) == 1, STEP), world.logs()
     first.kill()
     assert world.record()["state"] == "applying", "killed before the bot learnt the patch's outcome"
     world.start("a2")  # the restarted bot
@@ -259,7 +266,7 @@ def test_kill_after_the_move_to_applied_the_restarted_bot_reports_and_verifies(w
 
     kube_api.on_write = then_hold_the_next_incident_write
     world.click(first, value, ts)
-    assert wait_for(lambda: world.record()["state"] == "applied", 15), world.logs()
+    assert wait_for(lambda: world.record()["state"] == "applied", STEP), world.logs()
     first.kill()
     assert world.replies("Applied by") == [], "killed before the report"
     world.start("a2")
@@ -272,7 +279,7 @@ def test_kill_during_verification_the_restarted_bot_resumes_it_and_reports_it_on
     ts, value = world.posted(first)
     world.click(first, value, ts)
     assert wait_for(lambda: world.record().get("verification_step") == "ready" and world.replies("Applied by"),
-                    15), world.logs()
+                    STEP), world.logs()
     first.kill()
     assert world.record()["state"] == "applied" and world.replies("is Ready") == []
     (new_pod,) = [p for p in kube_api.list("Pod", NS) if p["metadata"]["name"].endswith("-newpd")]
@@ -289,9 +296,13 @@ def test_a_replica_already_running_leaves_a_live_verification_alone_and_resumes_
     first, second = world.start("a", "b")
     ts, value = world.posted(first)
     world.click(first, value, ts)
-    assert wait_for(lambda: world.record().get("verify_lease") and world.replies("Applied by"), 15), world.logs()
+    assert wait_for(lambda: world.record().get("verify_lease") and world.replies("Applied by"), STEP), world.logs()
     leased = world.record()["verify_lease"]  # its verification is under way, waiting for Ready
-    time.sleep(GRACE + 2)  # longer than the grace: the first replica's sweeps keep renewing its verify lease
+    # Until the first replica renewed its lease after the original one ran out: longer than the
+    # grace, its sweeps kept renewing it (each renewal runs GRACE from its own moment).
+    until = datetime.fromisoformat(leased["until"])
+    assert wait_for(lambda: datetime.fromisoformat(world.record()["verify_lease"]["until"]) > until + timedelta(
+        seconds=GRACE), GRACE + STEP, 0.1), world.logs()
     assert world.replies("resuming it") == [], "a live replica's verification was taken over"
     renewed = world.record()["verify_lease"]
     assert renewed["holder"] == leased["holder"] and renewed["until"] > leased["until"]

@@ -25,6 +25,7 @@ from kubeapi.objects import container, crashing_deployment, rollout_controller, 
 from kubeapi.server import FakeKube
 from slackapi import SlackStandIn
 from slackapi.requests import click_body, decision_value, signed_headers
+from standin_http import bound
 
 from bot.app.service import OncallService, Policy
 from bot.http.server import BotServer
@@ -53,8 +54,8 @@ NS = "inference"
 
 
 
-def wait_until(predicate, timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
+def wait_until(predicate, timeout: float = 90, what: str = "condition") -> None:
+    deadline = time.monotonic() + bound(timeout)  # only bounds a failure
     while time.monotonic() < deadline:
         if predicate():
             return
@@ -89,7 +90,7 @@ receivers:
             [ALERTMANAGER, f"--config.file={config}", f"--storage.path={folder / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=", "--log.level=info"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(self._ready, 30, "Alertmanager to be ready")
+        wait_until(self._ready, 120, "Alertmanager to be ready")
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
@@ -158,7 +159,7 @@ def test_alert_through_alertmanager_is_one_slack_message(world):
     pod_a, pod_b = world["pods"]
 
     am.fire(pod_a)
-    wait_until(lambda: len(slack.posts()) == 1, 30, "the incident message")
+    wait_until(lambda: len(slack.posts()) == 1, 90, "the incident message")
     post = slack.posts()[0]
     blocks = json.dumps(post.params["blocks"])
     assert "e2e-cluster" in blocks and pod_a in blocks and "--max-model-len" in blocks
@@ -166,7 +167,7 @@ def test_alert_through_alertmanager_is_one_slack_message(world):
 
     am.fire(pod_a)  # the same alert again (as a second, HA Alertmanager would)
     am.fire(pod_b)  # a second pod of the same Deployment
-    wait_until(lambda: received(bot) >= 4, 30, "Alertmanager's repeats and the second pod's alert")
+    wait_until(lambda: received(bot) >= 4, 90, "Alertmanager's repeats and the second pod's alert")
     bot.executor.wait_idle(30)
     incidents = store.list()
     assert len(incidents) == 1
@@ -180,7 +181,7 @@ def test_resolved_alert_marks_the_message_resolved(world):
     am, slack = world["am"], world["slack"]
     pod_a, _ = world["pods"]
     am.fire(pod_a)
-    wait_until(lambda: len(slack.posts()) == 1, 30, "the incident message")
+    wait_until(lambda: len(slack.posts()) == 1, 90, "the incident message")
     am.fire(pod_a, ends_in=timedelta(seconds=0))  # Alertmanager resolves it and tells the bot
     wait_until(lambda: any("Resolved" in json.dumps(c.params.get("blocks")) for c in slack.delivered("chat.update")),
                30, "the resolved update")
@@ -191,7 +192,7 @@ def test_approve_over_signed_http_patches_the_deployment_and_reports_the_rollout
     am, slack, bot, kube = world["am"], world["slack"], world["bot"], world["kube"]
     kube.on_write = rollout_controller("ready", log=NEW_POD_LOG)  # the Deployment controller's part
     am.fire(world["pods"][0])
-    wait_until(lambda: any(i.message_id for i in world["store"].list()), 30, "the incident message")
+    wait_until(lambda: any(i.message_id for i in world["store"].list()), 90, "the incident message")
     incident = world["store"].list()[0]
     body = click_body("vllm_approve", decision_value(incident), "U0APPROVER", incident.message_id)
     headers = {k: v[0] for k, v in signed_headers(body, SIGNING_SECRET).items()}
@@ -204,7 +205,7 @@ def test_approve_over_signed_http_patches_the_deployment_and_reports_the_rollout
     new_value = incident.proposal.changes[0].after
     assert args[args.index("--max-model-len") + 1] == new_value != "32768"
     # the report is posted first, then the outcome is stored and the message re-rendered
-    wait_until(lambda: world["store"].get(incident.name).state == "verified", 30, "the verified state")
+    wait_until(lambda: world["store"].get(incident.name).state == "verified", 90, "the verified state")
     wait_until(lambda: "Applied by <@U0APPROVER>" in json.dumps(slack.delivered("chat.update")[-1].params["blocks"]),
                30, "the message re-rendered as verified")
     final = slack.delivered("chat.update")[-1]

@@ -94,7 +94,8 @@ def world(kube_api, slack, tmp_path, monkeypatch):
         "VLLM_ONCALL_CLUSTER_SOURCE": "kube", "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS": "20",
         "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS": "2",
         "VLLM_ONCALL_REDACT_PATTERNS": r"acme-\d{9}", "VLLM_ONCALL_LLM_BASE_URL": llm.url,
-        "VLLM_ONCALL_LLM_MODEL": "stand-in"})
+        "VLLM_ONCALL_LLM_MODEL": "stand-in",
+        "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": "60"})  # the stand-in answers at once; a loaded machine is slow
     server, _ = build_server(settings)
     server.start()
     yield {"kube": kube_api, "slack": slack, "bot": server, "llm": llm, "pod": pod["metadata"]["name"]}

@@ -14,6 +14,7 @@ from builders import EXAMPLE_LOG
 from kubeapi.objects import container, deployment, node, start_pod
 from kubeapi.server import FakeKube
 from slackapi import SlackStandIn
+from standin_http import bound
 
 from bot.app.records import AlertTarget
 from bot.app.service import OncallService, Policy
@@ -67,7 +68,7 @@ def alert_count(kube: FakeKube, slack: SlackStandIn) -> int:
 
 
 def wait_until(predicate, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + bound(timeout)  # only bounds a failure
     while time.monotonic() < deadline:
         if predicate():
             return True

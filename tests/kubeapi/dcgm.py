@@ -12,12 +12,11 @@ mapping on):
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+
+from standin_http import QuietHandler, StandInServer
 
 
 @dataclass
@@ -35,7 +34,7 @@ class DcgmExporter:
     def __init__(self, gpus: list[Gpu]):
         self.gpus = gpus
         self.started = time.monotonic()
-        self.server: ThreadingHTTPServer | None = None
+        self.server: StandInServer | None = None
 
     def text(self) -> str:
         t = time.monotonic() - self.started
@@ -53,30 +52,19 @@ class DcgmExporter:
     def start(self) -> DcgmExporter:
         exporter = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
-                data = exporter.text().encode()
-                self.send_response(200 if self.path.startswith("/metrics") else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.reply(200 if self.path.startswith("/metrics") else 404, exporter.text().encode(),
+                           "text/plain; version=0.0.4")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.server = StandInServer(Handler, name="dcgm-exporter").start()
         return self
 
     def stop(self) -> None:
         if self.server:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.stop()
 
     @property
     def address(self) -> str:
         assert self.server is not None
-        host, port = self.server.server_address[:2]
-        return f"{host}:{port}"
+        return self.server.address

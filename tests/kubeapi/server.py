@@ -32,12 +32,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 import kubernetes_validate
+from standin_http import QuietHandler, StandInServer
 
 from kubeapi import discovery
 from kubeapi.streams import StreamingMixin, Streams
@@ -222,8 +222,14 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class FakeKube(Streams):
     """The API's state plus the HTTP server that serves it. Start with `start()`."""
 
-    def __init__(self, user: str = "system:serviceaccount:vllm-oncall:vllm-oncall"):
+    def __init__(self, user: str = "system:serviceaccount:vllm-oncall:vllm-oncall",
+                 sleep: Callable[[float], object] | None = None):
         self.user = user
+        self._stopped = threading.Event()
+        # How a "slow" commit fault waits before answering: real time by default (a client's socket
+        # timeout is real), cut short by stop(); a test of the bot's own clock passes one that
+        # advances that clock instead.
+        self.sleep: Callable[[float], object] = sleep or self._stopped.wait
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}  # (group, resource, ns, name)
         self.logs: dict[tuple[str, str, str, bool], str] = {}  # (ns, pod, container, previous)
@@ -234,8 +240,7 @@ class FakeKube(Streams):
         self.discovery_calls: list[str] = []  # discovery paths asked for (kubectl), kept out of `calls`
         self.resource_version = 1000
         self.on_write: Callable[[FakeKube, dict[str, Any], dict[str, Any] | None], None] | None = None
-        self.server: ThreadingHTTPServer | None = None
-        self.thread: threading.Thread | None = None
+        self.http: StandInServer | None = None
         self._init_streams()  # watch, pod proxy (tests/kubeapi/streams.py)
 
     # -- lifecycle
@@ -245,23 +250,18 @@ class FakeKube(Streams):
         class Handler(StreamingMixin, _Handler):
             kube = fake
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
-                                       name="fake-kube-api", daemon=True)
-        self.thread.start()
+        self.http = StandInServer(Handler, name="fake-kube-api").start()
         return self
 
     def stop(self) -> None:
-        if self.server:
-            self.server.shutdown()
-            self.server.server_close()
+        self._stopped.set()  # held answers are given now
+        if self.http is not None:
+            self.http.stop()
 
     @property
     def url(self) -> str:
-        assert self.server is not None, "start() the server first"
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        assert self.http is not None, "start() the server first"
+        return self.http.url
 
     def api_client(self):
         """A real kubernetes.client.ApiClient pointed at this server."""
@@ -350,9 +350,7 @@ class FakeKube(Streams):
 
     def _commit_failure(self, fault: CommitFault) -> Exception:
         if fault.kind == "slow":
-            import time
-
-            time.sleep(fault.seconds)
+            self.sleep(fault.seconds)
             return _NoFault()
         if fault.kind == "drop":
             return DropConnection()
@@ -681,19 +679,14 @@ def _parse_path(path: str) -> tuple[str, str, str, str, str, str]:
     return group, version, namespace, resource, name, sub
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     kube: FakeKube
     protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stall
-
-    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
-        pass
 
     def _serve(self) -> None:
         split = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self.body()
         try:
             code, payload, headers = self.kube.handle(self.command, split.path, query, body,
                                                       self.headers.get("Content-Type") or "application/json")
@@ -708,12 +701,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"Content-Type": "text/plain; charset=utf-8", **headers}
         else:
             data = json.dumps(payload).encode("utf-8")
-        self.send_response(code)
-        self.send_header("Content-Type", headers.pop("Content-Type", "application/json"))
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        content_type = headers.pop("Content-Type", "application/json")
+        self.reply(code, data, content_type, headers)  # a client killed meanwhile (kill -9 tests) is no error here
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve

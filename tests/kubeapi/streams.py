@@ -37,6 +37,8 @@ import urllib.request
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from standin_http import bound
+
 WATCH_HISTORY = 10_000  # events kept for resuming watches; older resourceVersions get 410
 BOOKMARK_SECONDS = 1.0
 
@@ -112,8 +114,9 @@ class Streams:
         return len(handlers)
 
     def wait_for_watchers(self, n: int = 1, timeout: float = 10.0, opened_more_than: int = 0) -> bool:
-        """True once `n` watches are open and more than `opened_more_than` were ever opened."""
-        deadline = time.monotonic() + timeout
+        """True once `n` watches are open and more than `opened_more_than` were ever opened;
+        `timeout` only bounds a failure (standin_http.bound)."""
+        deadline = time.monotonic() + bound(timeout)
         while time.monotonic() < deadline:
             with self.lock:
                 if len(self.open_watches) >= n and self.watches_opened > opened_more_than:

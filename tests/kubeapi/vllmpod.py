@@ -10,56 +10,42 @@ Register it behind the API stand-in's pod proxy with `kube_api.serve_pod(ns, pod
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from standin_http import QuietHandler, StandInServer
 
 
 class ScriptedVllm:
     def __init__(self, model: str = "m", mode: str = "ok", delay: float = 0.0):
         self.model, self.mode, self.delay = model, mode, delay
         self.requests: list[tuple[str, str, Any]] = []
-        self.server: ThreadingHTTPServer | None = None
+        self.server: StandInServer | None = None
 
     def start(self) -> ScriptedVllm:
         pod = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
             def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else None
-                code, doc = pod.answer(self.command, self.path.split("?")[0], body)
-                data = json.dumps(doc).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                raw = self.body()
+                code, doc = pod.answer(self.command, self.path.split("?")[0], json.loads(raw) if raw else None)
+                self.reply(code, json.dumps(doc).encode())
 
             do_GET = do_POST = _answer
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        self.server = StandInServer(Handler, name="scripted-vllm").start()
         return self
 
     def stop(self) -> None:
         if self.server:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.stop()
 
     @property
     def url(self) -> str:
         assert self.server is not None
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self.server.url
 
     def answer(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         self.requests.append((method, path, body))

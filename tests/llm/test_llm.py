@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from openai_standin import OpenAIStandIn
 
 from bot.diagnosis.models import Change, DiagnosisResult
 from bot.llm.wording import LLMSettings
@@ -19,42 +18,10 @@ DIAGNOSIS = DiagnosisResult(
     changes=[Change(kind="flag", name="--max-model-len", before="32768", after="18432")])
 
 
-class OpenAIStandIn:
-    """Answers POST /v1/chat/completions in OpenAI's wire format and records the requests."""
-
-    def __init__(self, reply: str, status: int = 200, delay: float = 0, raw: bytes | None = None):
-        self.reply, self.status, self.requests = reply, status, []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append((self.path, body))
-                time.sleep(delay)
-                data = raw if raw is not None else json.dumps({"id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": outer.reply}}],
-                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-                self.send_response(outer.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self):
-        self.server.shutdown()
-
-
 @pytest.fixture
 def stand_in(request):
-    server = OpenAIStandIn(*request.param)
+    reply, status, delay, raw = (*request.param, *("", 200, 0.0, None)[len(request.param):])  # (reply, status, delay, raw)
+    server = OpenAIStandIn(reply, delay=delay, raw=raw, status=status)
     yield server
     server.close()
 
@@ -85,7 +52,7 @@ def commentator(stand_in, **kw):
     from bot.llm.wording import Commentator
 
     outcomes: list[str] = []
-    kw.setdefault("timeout_seconds", 2)
+    kw.setdefault("timeout_seconds", 60)  # the stand-in answers at once: only a test of the timeout sets a short one
     c = Commentator(LLMSettings(base_url=stand_in.url, model="m", api_key="llm-key"), on_outcome=outcomes.append, **kw)
     return c, outcomes
 
@@ -95,7 +62,7 @@ def test_commentary_is_labelled_and_fed_only_redacted_text(stand_in):
     c, outcomes = commentator(stand_in)
     text = c.comment("inc-1", DIAGNOSIS, kv_evidence())
     assert text == f"*Commentary (AI, not a proposal)*\n> {GOOD}" and outcomes == ["posted"]
-    sent = json.dumps(stand_in.requests[0][1])
+    sent = json.dumps(stand_in.requests[0])
     assert "19152" in sent and "--max-model-len" in sent  # the excerpt and the command line were sent ...
     for secret in ("LEAKEDLEAKED", "hf_leaked", "argsecret123", "hf_secretsecret"):
         assert secret not in sent  # ... redacted
@@ -138,12 +105,13 @@ def test_instruction_like_or_invented_replies_are_dropped(stand_in):
     assert c.comment("inc-1", DIAGNOSIS, kv_evidence()) is None and outcomes == ["dropped"]
 
 
-@pytest.mark.parametrize("stand_in", [(GOOD, 200, 3.0)], indirect=True)
+@pytest.mark.parametrize("stand_in", [(GOOD, 200, 60.0)], indirect=True)  # answers only at close()
 def test_a_slow_endpoint_gives_none_within_the_timeout(stand_in):
     c, outcomes = commentator(stand_in, timeout_seconds=0.5)
     started = time.monotonic()
     assert c.comment("inc-1", DIAGNOSIS, kv_evidence()) is None
-    assert time.monotonic() - started < 1.0 and outcomes == ["timeout"]
+    # gave up at its own timeout, long before the endpoint's answer (a bound a busy machine keeps)
+    assert time.monotonic() - started < 30 and outcomes == ["timeout"]
 
 
 @pytest.mark.parametrize("stand_in", [(GOOD, 200, 0, b"{not json"), (GOOD, 500)], indirect=True)

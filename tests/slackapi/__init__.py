@@ -26,9 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
+
+from standin_http import QuietHandler, StandInServer, bound
 
 
 @dataclass
@@ -104,38 +105,33 @@ class SlackStandIn:
         self._faults: dict[str, list[Fault]] = {}
         self._last_ts = 0.0
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._changed = threading.Condition()  # notified on every call received
+        self._stopped = threading.Event()
+        self._server: StandInServer | None = None
 
     # ---- control ------------------------------------------------------------------------
 
     def start(self) -> SlackStandIn:
         standin = self
 
-        class Handler(BaseHTTPRequestHandler):
-            disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between headers and body
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 standin._handle(self)
 
             do_GET = do_POST
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = StandInServer(Handler, name="slack-web-api").start()
         return self
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._server:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
 
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}/api/"
+        return f"{self._server.url}/api/"
 
     def fail_next(self, method: str, status: int = 429, error: str = "ratelimited",
                   retry_after: float | None = 0, times: int = 1, after_commit: bool = False,
@@ -168,14 +164,18 @@ class SlackStandIn:
         with self._lock:
             return [c for c in self.calls if c.method == method]
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10) -> bool:
-        """Poll until `predicate()` holds (the bot works in background threads)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.02)
-        return predicate()
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 60) -> bool:
+        """Wait until `predicate()` holds (the bot works in background threads): looked at again on
+        every call Slack receives, and every 50 ms for state elsewhere. `timeout` only bounds a failure
+        (stretched to standin_http.FAILURE_BOUND)."""
+        deadline = time.monotonic() + bound(timeout)
+        while not predicate():  # outside the lock: a predicate may itself call this stand-in
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with self._changed:
+                self._changed.wait(min(left, 0.05))
+        return True
 
     def posts(self) -> list[Call]:
         """Top-level messages (not thread replies) that were posted."""
@@ -186,11 +186,10 @@ class SlackStandIn:
 
     # ---- the wire -----------------------------------------------------------------------
 
-    def _handle(self, req: BaseHTTPRequestHandler) -> None:
+    def _handle(self, req: QuietHandler) -> None:
         parsed = urlparse(req.path)
         method = parsed.path.rsplit("/", 1)[-1]
-        length = int(req.headers.get("Content-Length") or 0)
-        raw = req.rfile.read(length) if length else b""
+        raw = req.body()
         params: dict[str, Any] = dict(parse_qsl(parsed.query))
         ctype = req.headers.get("Content-Type", "")
         if raw and "json" in ctype:
@@ -205,22 +204,15 @@ class SlackStandIn:
             self.calls.append(Call(method, params, dict(req.headers.items()), answer.status,
                                    ok=answer.status == 200 and bool(answer.body.get("ok")) and not answer.drop,
                                    committed=answer.committed, delay=answer.delay))
+        with self._changed:
+            self._changed.notify_all()
         if answer.drop:
             req.close_connection = True  # the client sees the connection closed without an answer
             return
         if answer.delay:
-            time.sleep(answer.delay)
-        data = json.dumps(answer.body).encode()
-        try:
-            req.send_response(answer.status)
-            req.send_header("Content-Type", "application/json; charset=utf-8")
-            req.send_header("Content-Length", str(len(data)))
-            for k, v in answer.headers.items():
-                req.send_header(k, v)
-            req.end_headers()
-            req.wfile.write(data)
-        except OSError:
-            pass  # the client gave up waiting (a slow answer): as with Slack, the call stands
+            self._stopped.wait(answer.delay)  # a slow answer; given at once when the stand-in stops
+        # a client that gave up waiting (a slow answer) is not an error: as with Slack, the call stands
+        req.reply(answer.status, json.dumps(answer.body).encode(), "application/json; charset=utf-8", answer.headers)
 
     def _answer(self, method: str, params: dict[str, Any], auth: str) -> Answer:
         with self._lock:

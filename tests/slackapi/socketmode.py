@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from standin_http import bound
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
@@ -97,7 +98,8 @@ class Envelope:
     acked: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def wait_acked(self, timeout: float = 10) -> bool:
-        return self.acked.wait(timeout)
+        """Whether the app acked it; `timeout` only bounds a failure (standin_http.bound)."""
+        return self.acked.wait(bound(timeout))
 
     @property
     def response(self) -> dict[str, Any] | None:
@@ -210,7 +212,8 @@ class SocketModeStandIn:
             return [c for c in self.connections if token is None or c.token == token]
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10) -> bool:
-        deadline = time.monotonic() + timeout
+        """Poll until `predicate()` holds; `timeout` only bounds a failure (standin_http.bound)."""
+        deadline = time.monotonic() + bound(timeout)
         while time.monotonic() < deadline:
             if predicate():
                 return True
