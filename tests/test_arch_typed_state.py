@@ -76,6 +76,7 @@ OTHER_MEANINGS = {
     ("bot/diagnosis/logformats.py", "ready"),  # the vLLM start-up stage "ready" (the server is up)
     ("bot/diagnosis/signals.py", "ready"),
     ("bot/diagnosis/render.py", "ready"),
+    ("bot/cli/plan.py", "refused"),  # `plan --vllm-version`'s JSON: the flags the target release refuses
     ("bot/http/alerts.py", "resolved"),  # Alertmanager's wire format: status firing | resolved
     ("bot/app/intake.py", "resolved"),  # ... counted as the alerts-received metric's label
     ("bot/slack/chat.py", "timeout"),  # why a Slack call is retried (a metric label)

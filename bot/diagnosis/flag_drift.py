@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from bot.diagnosis.cmdline import ParsedCommand, canonical, is_boolean
 from bot.diagnosis.formulas import Computed, Context, NoSafeChange, formula
-from bot.diagnosis.models import Change
+from bot.diagnosis.models import Change, revised
 from bot.diagnosis.vllm_versions import TABLE, FlagState, Verdict, version_key, version_of_image
 
 
@@ -136,7 +136,7 @@ def fit_to_release(changes: list[Change], log_version: str | None, image: str | 
         spelling = table.spelling_in(change.name, release)
         if spelling is None or is_boolean(spelling) != is_boolean(change.name):
             return None, f"{table.verdict(change.name, running.version).describe()}, so it cannot be proposed"
-        fitted.append(change.model_copy(update={"name": spelling}))
+        fitted.append(revised(change, name=spelling))
     return fitted, ""
 
 
