@@ -16,18 +16,19 @@ demo: $(BIN)/.installed
 	$(BIN)/vllm-oncall demo
 
 # Tools the tests run as real processes (Debian's packages): Alertmanager and amtool in the
-# end-to-end and deploy/ tests, promtool on the PrometheusRule.
+# end-to-end and deploy/ tests; Prometheus (the GPU-memory trend tests scrape a DCGM stand-in with
+# it) and promtool (the PrometheusRule). Without Recommends: no node-exporter on a workstation.
 tools: alertmanager promtool
 
 alertmanager:
 	@command -v prometheus-alertmanager >/dev/null 2>&1 && command -v amtool >/dev/null 2>&1 || { \
 	  echo "installing Debian's prometheus-alertmanager (alertmanager, amtool)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager >/dev/null; }
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-alertmanager >/dev/null; }
 
 promtool:
 	@command -v promtool >/dev/null 2>&1 || { \
-	  echo "installing Debian's prometheus (promtool)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+	  echo "installing Debian's prometheus (prometheus, promtool; no node-exporter)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 # The suite, then the real-vLLM scenarios: where $(VLLM_VENV) exists, and always in CI (where a
 # missing venv fails them instead of skipping them).
