@@ -210,17 +210,24 @@ def test_an_old_button_without_a_digest_is_refused_with_a_clear_message(world):
 # ---- exactly once under faults -------------------------------------------------------------------------
 
 class Clock:
-    def __init__(self):
+    """The service's clock, moved on by the test. `frozen`: it moves only when the test moves it
+    (never with the wall), so no step of the test depends on how fast a loaded machine runs."""
+
+    def __init__(self, frozen: bool = False):
         from bot.app.policy import utcnow
 
-        self.now, self.offset = utcnow, timedelta(0)
+        start = utcnow()
+        self.now, self.offset = (lambda: start) if frozen else utcnow, timedelta(0)
 
     def __call__(self):
         return self.now() + self.offset
 
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
 
-def faulty_world(kube, slack, n: int) -> tuple[World, list, Clock]:
-    clock = Clock()
+
+def faulty_world(kube, slack, n: int, clock: Clock | None = None) -> tuple[World, list, Clock]:
+    clock = clock or Clock()
     world = World(kube, slack, clock=clock, extra=[f"vllm-c{i}" for i in range(n - 2)])
     incidents = [world.alert(name) for name in ["vllm-a", "vllm-b"] + [f"vllm-c{i}" for i in range(n - 2)]]
     return world, incidents, clock
@@ -299,9 +306,12 @@ def test_a_kill_at_claim_or_patch_is_resumed_by_a_second_instance_once(kube_api,
 def test_a_patch_that_could_outlast_the_apply_grace_is_not_started_and_the_sweep_applies_it_once(kube_api, slack):
     """The sweep takes an `applying` incident over after the apply grace; an applier whose patch
     (with its retries, Policy.patch_seconds) might still be in flight then must not start it."""
-    world, (incident, _), clock = faulty_world(kube_api, slack, 2)
+    world, (incident, _), clock = faulty_world(kube_api, slack, 2, Clock(frozen=True))
     world.service.policy.apply_grace, world.service.policy.patch_seconds = timedelta(seconds=2), 1.0
-    # The claim commits, its answer comes 1.2 s late: the patch could no longer end inside the grace.
+    # The claim commits, its answer comes 1.2 s late on the bot's clock (the stand-in's sleep moves
+    # it; the wall does not, so a loaded machine can make no step later or earlier than that):
+    # the patch could no longer end inside the grace.
+    kube_api.sleep = clock.advance
     kube_api.fail_commit("patch", "vllmincidents", "after", "slow", seconds=1.2)
     world.click(decision_value(incident), incident.message_id)
     assert slack.wait_for(lambda: any("too slowly to patch safely" in c.params["text"] for c in slack.replies()), 60)

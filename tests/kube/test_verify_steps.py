@@ -6,7 +6,6 @@ way it falls short gets its own thread reply."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -40,7 +39,9 @@ INFO 11-30 05:10:01 [kv_cache_utils.py:1091] Maximum concurrency for 18,432 toke
 
 
 class World:
-    def __init__(self, new_pod_log: str = READY_LOG, soak: float = 0.3, request_timeout: float = 5.0):
+    def __init__(self, new_pod_log: str = READY_LOG, soak: float = 0.3, request_timeout: float = 5.0,
+                 probe_time: dict | None = None):
+        self.probe_time = probe_time or {}  # the probe's clock and sleep, when the test drives them
         self.kube, self.slack = FakeKube().start(), SlackStandIn().start()
         self.vllm = ScriptedVllm(model=MODEL).start()
         self.kube.default_pod_backend = self.vllm.url
@@ -53,7 +54,7 @@ class World:
 
     def make_service(self, run_later=None, clock=None) -> OncallService:
         api = KubeApi(self.kube.api_client(), retry=RetryPolicy(attempts=2, sleep=lambda s: None))
-        probe = ServingChecks(api, poll_seconds=0.05)
+        probe = ServingChecks(api, poll_seconds=0.05, **self.probe_time)
         chat = SlackChat(make_client("xoxb-verify", self.slack.url), "C0ALERTS", backoff_seconds=0.01)
         return OncallService(LiveCluster(api, name="verify", poll_seconds=0.02), KubeIncidentStore(api, "vllm-oncall"),
                              chat, Policy(approver_users=frozenset({APPROVER}), verify_timeout_seconds=10),
@@ -137,13 +138,20 @@ def test_a_completion_timeout_is_its_own_failure(world):
 
 
 def test_a_crash_in_the_soak_is_re_diagnosed_with_a_roll_back_button(world):
-    w = world(soak=15.0)  # the soak ends at the crash; a long window only keeps a loaded machine from missing it
+    # The probe's clock moves only when its soak sleeps; its first sleep is where the pod crashes:
+    # after the soak read the pod it started from, before the soak ends (no wall-time race).
+    now = [0.0]
     done = threading.Event()
 
-    def crash_when_soaking() -> None:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not any("4/4 Soak" in r for r in w.replies()):
-            time.sleep(0.02)
+    def crash_while_soaking(seconds: float) -> None:
+        if not done.is_set():
+            assert any("4/4 Soak" in r for r in w.replies()), "the crash comes during the soak"
+            crash()
+        now[0] += seconds
+
+    w = world(soak=15.0, probe_time={"clock": lambda: now[0], "sleep": crash_while_soaking})
+
+    def crash() -> None:
         new = next(p for p in w.kube.list("Pod", NS) if p["metadata"]["name"].endswith("-newpd"))
         w.kube.set_log(NS, new["metadata"]["name"], "vllm", CRASH_LOG, previous=True)
 
@@ -155,7 +163,6 @@ def test_a_crash_in_the_soak_is_re_diagnosed_with_a_roll_back_button(world):
         w.kube.edit("Pod", new["metadata"]["name"], NS, restart)
         done.set()
 
-    threading.Thread(target=crash_when_soaking, daemon=True).start()
     name = w.open_and_approve()
     assert done.is_set()
     assert state(w, name) == "failed"

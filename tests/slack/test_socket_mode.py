@@ -14,6 +14,7 @@ it was down is applied once.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -228,6 +229,8 @@ def test_a_click_whose_ack_was_lost_is_redelivered_elsewhere_and_applied_once(bo
     assert click.ack is None and click.deliveries[0].ack_lost
     if lost == "connection dropped":
         bots.socket_mode.drop(at_first, "reset")
+    else:  # Slack's ack time-out for the first delivery runs out (when the test says, not a wall-time race)
+        bots.socket_mode.expire_ack(click)
     assert click.wait_acked(10), "the re-delivery was never acked"
     assert [d.connection for d in click.deliveries] == [at_first.id, bots.connection(second).id]
     assert click.deliveries[1].retry_attempt == 1
@@ -268,12 +271,19 @@ def test_a_dropped_socket_reconnects_and_the_click_sent_meanwhile_is_applied_onc
 def test_a_click_redelivered_while_the_first_delivery_is_still_applying_changes_nothing_more(bots):
     first, second = bots.start("a"), bots.start("b")
     name, ts, value = bots.alert(first)
-    bots.kube.fail_commit("patch", "deployments", "before", "slow", times=None, seconds=3.0)  # a slow API server
+    # A slow API server: the patch's answer is held until the test releases it (not a real 3 s
+    # against the redelivery's speed), so the redelivery surely comes while the first still applies.
+    released = threading.Event()
+    bots.kube.sleep = lambda seconds: released.wait(30)
+    bots.kube.fail_commit("patch", "deployments", "before", "slow", times=None, seconds=3.0)
     click = bots.approve(value, ts, to=bots.connection(first), lose_acks=1)
+    assert bots.slack.wait_for(lambda: click.deliveries[0].ack_lost and bots.record()["state"] == "applying", 20)
+    bots.socket_mode.expire_ack(click)  # Slack's ack time-out for the first delivery runs out
     assert click.wait_acked(10), "the re-delivery was never acked"
     assert click.deliveries[1].retry_reason == "timeout" and click.deliveries[1].connection == bots.connection(
         second).id
     assert bots.applied_replies() == [], "the re-delivery came while the first was still applying"
+    released.set()
     bots.applied_exactly_once()
     told = bots.told()
     assert len(told) == 1 and "already applying" in told[0] and "Nothing was changed" in told[0], told

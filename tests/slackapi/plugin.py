@@ -21,7 +21,7 @@ def slack():
 
 @pytest.fixture
 def socket_mode(slack):
-    standin = SocketModeStandIn(ack_timeout=1.5, keepalive_seconds=1.0, close_after_disconnect=2.0).start()
+    standin = SocketModeStandIn(ack_timeout=None, keepalive_seconds=1.0, close_after_disconnect=2.0).start()
     slack.socket_mode = standin
     yield standin
     standin.stop()

@@ -15,7 +15,8 @@ https://api.slack.com/apis/socket-mode documents it:
   frame) or "silent" (a half-open connection: nothing is read or answered any more).
 
 Like Slack, each envelope goes to ONE of the app's open connections (`to=` a chosen one, else
-`route`, by default a seeded random choice). An envelope not acked within `ack_timeout`, or whose
+`route`, by default a seeded random choice). An envelope not acked within `ack_timeout` (None: only
+when the test says its ack timed out, `expire_ack`, so no wall-time race decides it), or whose
 connection closed before its ack, goes again to another open connection (or the next new one)
 with retry_attempt + 1, at most `max_retries` times. An envelope sent while no connection is
 open waits and goes out on the next connection, after its hello.
@@ -130,7 +131,7 @@ class _Counted(ServerConnection):
 
 
 class SocketModeStandIn:
-    def __init__(self, app_id: str = "A0STANDIN", ack_timeout: float = 3.0, max_retries: int = 3,
+    def __init__(self, app_id: str = "A0STANDIN", ack_timeout: float | None = 3.0, max_retries: int = 3,
                  seed: int = 0, keepalive_seconds: float | None = 5.0, close_after_disconnect: float | None = 10.0):
         self.app_id = app_id
         self.ack_timeout, self.max_retries = ack_timeout, max_retries
@@ -249,6 +250,15 @@ class SocketModeStandIn:
         assert how in ("reset", "eof", "silent"), how
         self._call(self._drop(conn, how))
 
+    def expire_ack(self, envelope: Envelope) -> None:
+        """Slack's ack time-out for `envelope`'s latest delivery runs out now: if that delivery is
+        still unacked, the envelope goes again (retry_reason "timeout"), as after `ack_timeout`."""
+        async def expire() -> None:
+            if envelope.deliveries:
+                self._ack_timed_out(envelope, envelope.deliveries[-1])
+
+        self._call(expire())
+
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
@@ -339,7 +349,8 @@ class SocketModeStandIn:
         except ConnectionClosed:
             await self._closed(conn, "closed")
             return
-        self._loop.call_later(self.ack_timeout, self._ack_timed_out, envelope, delivery)
+        if self.ack_timeout is not None:
+            self._loop.call_later(self.ack_timeout, self._ack_timed_out, envelope, delivery)
 
     def _pick(self, envelope: Envelope) -> Connection | None:
         candidates = [c for c in self.connections if c.takes_envelopes]
