@@ -2,7 +2,8 @@
 stand-in. A test module that needs more (group members, faults) overrides it by taking it:
 `def slack(slack): slack.group_members[...] = ...; return slack`. The `socket_mode` fixture: a
 started Socket Mode endpoint whose URLs the `slack` stand-in hands out (apps.connections.open);
-short ack timeout and keepalive, so a test of re-delivery or reconnection takes a second, not a minute."""
+no ack time-out of its own (a test expires an ack with expire_ack) and a short keepalive, so a
+test of re-delivery or reconnection takes a second, not a minute, and no wall-time race decides it."""
 
 from __future__ import annotations
 
