@@ -46,7 +46,10 @@ def make_logs(size_mb: int) -> dict[str, Path]:
 def run_once(argv: list[str]) -> tuple[float, float, int]:
     """Wall seconds, CPU seconds (user + system) and peak RSS (KiB) of one child process."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    # a pipe, not /dev/null: GNU grep stops at the first match when its output is /dev/null
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) not in (0, 1):  # grep -c exits 1 when nothing matched
