@@ -19,17 +19,25 @@ from pathlib import Path
 
 from bot.cli import books as cli_books
 from bot.cli import kube as cli_kube
-from bot.cli import plan as cli_plan
+from bot.cli import plan_args as cli_plan
 from bot.cli import serve as cli_serve
-from bot.diagnosis.models import BundleError
-from bot.diagnosis.playbooks import PlaybookError
 
 DEBUG_VAR = "VLLM_ONCALL_DEBUG"  # set to 1 to see the traceback of an unexpected error
+
+
+def _input_errors() -> tuple[type[Exception], ...]:
+    """Bad input, one line and exit 2. Imported when an error is raised, not for every command
+    (their modules bring pydantic and the playbook loader; issue 20: `--help` under 0.2 CPU-s)."""
+    from bot.diagnosis.models import BundleError
+    from bot.diagnosis.playbooks import PlaybookError
+
+    return BundleError, PlaybookError
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from bot.diagnosis.diagnose import diagnose
     from bot.diagnosis.evidence import load_bundle, load_log
+    from bot.diagnosis.models import BundleError
     from bot.diagnosis.render import render_text
 
     if not args.bundle and not args.log:
@@ -46,6 +54,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from bot.diagnosis.evaluate import evaluate, format_report
+    from bot.diagnosis.models import BundleError
 
     corpus = Path(args.corpus)
     if not corpus.is_dir():
@@ -103,18 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (BundleError, PlaybookError) as exc:
-        print(f"vllm-oncall: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `vllm-oncall diagnose ... | head`
-        sys.stderr.close()
-        return 0
-    except OSError as exc:  # an input file that cannot be read, a folder that cannot be written
-        print(f"vllm-oncall: {one_line_os_error(exc)}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a bug: still one line, the traceback on request
+    except Exception as exc:
+        if isinstance(exc, _input_errors()):
+            print(f"vllm-oncall: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, BrokenPipeError):  # `vllm-oncall diagnose ... | head`
+            sys.stderr.close()
+            return 0
+        if isinstance(exc, OSError):  # an input file that cannot be read, a folder that cannot be written
+            print(f"vllm-oncall: {one_line_os_error(exc)}", file=sys.stderr)
+            return 2
+        # a bug: still one line, the traceback on request
         if os.environ.get(DEBUG_VAR):
             raise
         print(f"vllm-oncall: unexpected error: {type(exc).__name__}: {one_line(str(exc))} "

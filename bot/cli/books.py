@@ -14,8 +14,10 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bot.diagnosis.playbooks import Playbook, PlaybookError, load_playbooks
+if TYPE_CHECKING:  # the loader is imported by the commands that load playbooks only (issue 20)
+    from bot.diagnosis.playbooks import Playbook
 
 log = logging.getLogger(__name__)
 PLAYBOOKS_VAR = "VLLM_ONCALL_PLAYBOOKS"
@@ -31,6 +33,8 @@ def extra_dirs(given: Sequence[str] | None, env: dict[str, str] | None = None) -
 
 def load_books(extra: Iterable[Path]) -> list[Playbook] | None:
     """None without extra folders: callers then use the bundled playbooks exactly as before."""
+    from bot.diagnosis.playbooks import PlaybookError, load_playbooks
+
     extra = list(extra)
     if not extra:
         return None

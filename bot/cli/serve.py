@@ -8,17 +8,14 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-import yaml
-
-from bot.app.state import IncidentState
-from bot.cli.access import ClusterAccessError
 from bot.cli.books import add_option as add_playbooks_option
 from bot.cli.books import books_for
-from bot.cli.manifest import server_fields_removed, unified_diff
-from bot.cli.settings import Settings, SettingsError, load_settings
-from bot.diagnosis.playbooks import Playbook, PlaybookError
+
+if TYPE_CHECKING:  # the rest is imported by serve and demo when they run, not by `--help` (issue 20)
+    from bot.cli.settings import Settings
+    from bot.diagnosis.playbooks import Playbook
 
 # The demo incident: inside an installed wheel (setup.py copies it to bot/_bundled/), else in the checkout.
 EXAMPLE_DIRS = (Path(__file__).resolve().parents[1] / "_bundled" / "examples" / "incident",
@@ -80,6 +77,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(example: Path, state: Path, approve: bool, books: list[Playbook] | None, keep: bool) -> int:
+    from bot.app.state import IncidentState
+
     out = sys.stdout
     demo = _wiring().build_demo(example / "bundle", state, books, out, DEMO_APPROVER)
     service, store, intake = demo.service, demo.store, demo.intake
@@ -110,6 +109,10 @@ def _demo(example: Path, state: Path, approve: bool, books: list[Playbook] | Non
 
 
 def _print_manifest_diff(bundle: Path, cluster_state: Path, out: TextIO) -> None:
+    import yaml
+
+    from bot.cli.manifest import server_fields_removed, unified_diff
+
     """The patched workload against the bundle's, as `kubectl diff` would show it: without the
     fields the API server sets (status, uid, resourceVersion, ...)."""
     for patched in sorted(cluster_state.glob("*.yaml")):
@@ -137,6 +140,10 @@ def _wiring():  # -> the bot.cli.wiring module
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from bot.cli.access import ClusterAccessError
+    from bot.cli.settings import SettingsError, load_settings
+    from bot.diagnosis.playbooks import PlaybookError
+
     logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -55,6 +55,11 @@ MAX_STORED_HITS = 2000  # kept from the start, and as many from the end
 MAX_LINE_CHARS = 4000  # of each \r-separated part of a line that is parsed
 LINE_KEEP_BYTES = 1024 * 1024  # an over-long line keeps this much of its start and of its end
 MAX_LINE_BYTES = 2 * LINE_KEEP_BYTES
+# The shape table's cap: past it the rare shapes (those not yet noise) are dropped, and the
+# noise shapes keep at most half of the table (the most repeated), so memory stays bounded on
+# any log and the repeat guard never switches off. A dropped shape only costs being parsed again
+# (at most REPEATS_PARSED times until it is noise once more); the pass over the log stays one.
+MAX_SHAPES = 32_768
 
 
 class Fact(BaseModel):
@@ -303,8 +308,10 @@ class _Reader:
             raw = block[start : end if end != -1 else len(block)]
             shape = raw[:160].translate(None, b"0123456789")
             seen = self.shapes.get(shape, 0)
+            if not seen and len(self.shapes) >= MAX_SHAPES:
+                self._evict_shapes()
             self.shapes[shape] = seen + 1
-            if seen >= REPEATS_PARSED and len(self.shapes) < 100_000:
+            if seen >= REPEATS_PARSED:
                 continue
             for text in _clean(raw):
                 text = trusted_text(text)
@@ -318,6 +325,12 @@ class _Reader:
                     _parse_line(self.state, re.sub(r"\s+", " ", joined), line_no + 1, only=missed)
                 hits = self.hits if len(self.hits) < MAX_STORED_HITS else self.late_hits
                 hits.append((line_no + 1, text.strip()))
+
+    def _evict_shapes(self) -> None:
+        """Make room in the full shape table: amortised O(1) per line, as it frees half of it."""
+        noise = [(count, shape) for shape, count in self.shapes.items() if count >= REPEATS_PARSED]
+        noise.sort(reverse=True)
+        self.shapes = {shape: count for count, shape in noise[: MAX_SHAPES // 2]}
 
     def result(self) -> LogFacts:
         state = self.state

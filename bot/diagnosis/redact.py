@@ -22,6 +22,7 @@ vLLM's ordinary start-up lines, and hiding them would hide the evidence.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -120,6 +121,7 @@ def name_parts(name: str) -> list[str]:
     return [p for p in re.split(r"[_.\-\s]+", spaced.lower()) if p]
 
 
+@functools.lru_cache(maxsize=4096)  # a log repeats the same few hundred names; bounded
 def is_secret_name(name: str) -> bool:
     """Whether a setting of this name holds a secret: `*_TOKEN`, `*_KEY`, `*PASSWORD*`,
     `*SECRET*`, `api_key`, `x-api-key`, `--hf-token`, `--token`. Not `tokenizer`,
@@ -188,19 +190,112 @@ def _authorization(match: re.Match[str]) -> str:
     return f"{match.group(1)}{scheme + ' ' if scheme else ''}{MASK}"
 
 
-def redact_structure(text: str) -> str:
-    """The name-based rules: assignments, flags, the Authorization header, URL passwords."""
-    text = _AUTHORIZATION.sub(_authorization, text)
-    text = _BEARER.sub(r"\1" + MASK, text)
-    text = _COOKIE.sub(r"\1" + MASK, text)
-    text = _URL_USERINFO.sub(r"\1" + MASK + "@", text)
+# The prefilter. Every rule below that a literal names can only match where one of its literals
+# occurs, so one combined scan over the text finds which rules can match at all, and only those
+# run (in the same order as without the prefilter, so the output is identical). Rules without a
+# literal (the character-class ones: PEM body lines, bare AWS secrets, assignments, flags, base64)
+# always run. A literal is a necessary condition, never a sufficient one: a wider literal only
+# costs time. Case-sensitive rules' literals are matched as written; the case-insensitive rules'
+# literals (lower case) against the lower-cased text, with the characters that Python's IGNORECASE
+# also matches to an ASCII letter (U+017F long s, U+0130/U+0131 dotted/dotless i) folded first.
+_XOX = tuple(f"xox{c}-" for c in "abposre")
+_GH = tuple(f"gh{c}_" for c in "pousr")
+_GL = tuple(f"gl{k}-" for k in ("pat", "rt", "ptt", "dt", "cbt", "imt", "oas", "ft", "soat", "agent"))
+_TOKEN_LITERALS: dict[str, tuple[str, ...]] = {
+    "split-token": ("hf_", "sk-", *_GH, "github_pat_", "glpat-", "glrt-", *_XOX, "nvapi-", "r8_", "k_live_",
+                    "ya29.", "AKIA", "eyJ"),
+    "pem-private-key": ("-----BEGIN",),
+    "jwt": (".ey",),
+    "aws-access-key-id": ("A3T", "AKIA", "ASIA", "ABIA", "ACCA"),
+    "gcp-api-key": ("AIza",),
+    "huggingface-token": ("hf_",),
+    "openai-key": ("sk-",),
+    "slack-webhook": ("hooks.slack.com/",),
+    "slack-token": _XOX,
+    "slack-app-token": ("xapp-",),
+    "github-token": _GH,
+    "github-fine-grained-pat": ("github_pat_",),
+    "gitlab-token": _GL,
+    "ngc-api-key": ("nvapi-",),
+    "google-oauth-token": ("ya29.",),
+    "stripe-key": ("k_live_", "k_test_"),
+    "replicate-token": ("r8_",),
+    "mysql-password": ("mysql", "mariadb"),
+}
+_FOLDED_LITERALS: dict[str, tuple[str, ...]] = {
+    "wandb-login": ("wandb",),
+    "azure-sas-signature": ("sig=",),
+    "authorization": ("authorization",),
+    "bearer": ("bearer",),
+    "cookie": ("cookie",),
+}
+_FOLD_FIRST = (("\u017f", "s"), ("\u0130", "i"), ("\u0131", "i"))
+
+
+def _literal_index(literals: dict[str, tuple[str, ...]]) -> tuple[re.Pattern[str], dict[str, frozenset[str]]]:
+    """One alternation of every literal (longest first) and, per literal, the rules it may start:
+    its own and those of every literal that is a prefix of it (found at the same place)."""
+    by_literal: dict[str, set[str]] = {}
+    for rule, words in literals.items():
+        for word in words:
+            by_literal.setdefault(word, set()).add(rule)
+    closed = {word: frozenset().union(*(rules for other, rules in by_literal.items() if word.startswith(other)))
+              for word in by_literal}
+    ordered = sorted(by_literal, key=len, reverse=True)
+    return re.compile("|".join(re.escape(word) for word in ordered)), closed
+
+
+_TOKEN_SCAN, _TOKEN_RULES_OF = _literal_index(_TOKEN_LITERALS)
+_FOLDED_SCAN, _FOLDED_RULES_OF = _literal_index(_FOLDED_LITERALS)
+
+
+def _rules_found(text: str, scan: re.Pattern[str], rules_of: dict[str, frozenset[str]]) -> set[str]:
+    """The rules whose literals occur in `text`: one left-to-right scan; inside each match, the
+    positions a literal could also start at (one literal's tail another's head) are tried too."""
+    found: set[str] = set()
+    position = 0
+    while (match := scan.search(text, position)) is not None:
+        found |= rules_of[match.group(0)]
+        for inner in range(match.start() + 1, match.end()):
+            if (also := scan.match(text, inner)) is not None:
+                found |= rules_of[also.group(0)]
+        position = match.end()
+    return found
+
+
+def _candidates(text: str) -> set[str]:
+    """The names of the rules with a literal that may match somewhere in `text`."""
+    folded = text
+    for odd, letter in _FOLD_FIRST:  # str.replace: ten times faster than str.translate here
+        folded = folded.replace(odd, letter)
+    return _rules_found(text, _TOKEN_SCAN, _TOKEN_RULES_OF) | _rules_found(folded.lower(), _FOLDED_SCAN,
+                                                                           _FOLDED_RULES_OF)
+
+
+def _may_match(rule: str, candidates: set[str] | None) -> bool:
+    return candidates is None or rule in candidates or (rule not in _TOKEN_LITERALS
+                                                        and rule not in _FOLDED_LITERALS)
+
+
+def redact_structure(text: str, candidates: set[str] | None = None) -> str:
+    """The name-based rules: assignments, flags, the Authorization header, URL passwords.
+    `candidates` (from the prefilter) skips the rules whose literal is absent."""
+    if _may_match("authorization", candidates):
+        text = _AUTHORIZATION.sub(_authorization, text)
+    if _may_match("bearer", candidates):
+        text = _BEARER.sub(r"\1" + MASK, text)
+    if _may_match("cookie", candidates):
+        text = _COOKIE.sub(r"\1" + MASK, text)
+    if candidates is None or "://" in text:
+        text = _URL_USERINFO.sub(r"\1" + MASK + "@", text)
     text = _mask_values(text, _FLAG)
     return _mask_values(text, _ASSIGNMENT)
 
 
-def redact_tokens(text: str, rules: Iterable[Rule] = TOKEN_RULES) -> str:
+def redact_tokens(text: str, rules: Iterable[Rule] = TOKEN_RULES, candidates: set[str] | None = None) -> str:
     for rule in rules:
-        text = rule.pattern.sub(rule.replacement, text)
+        if _may_match(rule.name, candidates):
+            text = rule.pattern.sub(rule.replacement, text)
     return text
 
 
@@ -264,7 +359,10 @@ class Redactor:
     def text(self, text: str) -> str:
         if _ZERO_WIDTH.search(text):  # invisible characters inside a token would hide it from every rule
             text = _ZERO_WIDTH.sub("", text)
-        text = redact_structure(redact_tokens(text))
+        # the prefilter runs once, on the text as it arrives: a rule's replacement never writes
+        # another rule's literal, so a rule absent here stays absent after the rules before it
+        candidates = _candidates(text)
+        text = redact_structure(redact_tokens(text, candidates=candidates), candidates)
         text = _BASE64.sub(_base64_secret, text)
         for rule in self.configured:
             text = _configured(rule, text)

@@ -289,3 +289,45 @@ def test_a_long_line_under_the_cap_is_read_whole_across_chunks(tmp_path):
     assert facts.get("available_kv_gib") == 3.0
     assert facts.get("weights_progress_pct") == 23_999 % 100
     assert facts.get("no_kv_memory") is True
+
+
+def _word(i: int) -> str:
+    """A distinct lower-case word per number (digits are not part of a line's shape)."""
+    out = ""
+    while True:
+        i, r = divmod(i, 26)
+        out += chr(97 + r)
+        if not i:
+            return out
+
+
+def test_the_shape_table_is_bounded_and_the_repeat_guard_stays_on(tmp_path):
+    """More distinct keyword-line shapes than the table holds: the table stays at its cap, a
+    noise line repeated all along is still not re-parsed every time, and the crash at the end is
+    found (issue 20: past 100,000 shapes the guard used to switch off, and memory grew)."""
+    from bot.diagnosis.logfacts import MAX_SHAPES, REPEATS_PARSED, _Reader
+
+    noise = b"(APIServer pid=1) INFO 06-01 10:00:00 [loggers.py:123] Engine 000: Error count 0\n"
+    lines = []
+    for i in range(2 * MAX_SHAPES + 5000):
+        lines.append(f"(APIServer pid=1) WARNING 06-01 10:00:00 [x.py:1] Error {_word(i)}\n".encode())
+        if i % 10 == 0:
+            lines.append(noise)
+    crash = b"ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.\n"
+    reader = _Reader(["Error", "No available memory"])
+    peak = 0
+    block = b"".join(lines)
+    start = 0
+    while start < len(block):  # blocks of whole lines, as the reader gets them
+        end = block.rfind(b"\n", start, start + (1 << 20)) + 1
+        reader.consume(block[start:end])
+        peak = max(peak, len(reader.shapes))
+        start = end
+    assert peak <= MAX_SHAPES
+    noise_shape = noise.rstrip(b"\n").translate(None, b"0123456789")
+    assert reader.shapes[noise_shape] >= REPEATS_PARSED  # kept through every eviction: still noise
+
+    path = tmp_path / "shapes.log"
+    path.write_bytes(block + crash)
+    facts = extract(LogText(path=path))
+    assert facts.get("no_kv_memory") is True
