@@ -195,3 +195,18 @@ def test_advice_is_shown_without_a_button_when_no_change_fits():
     _, blocks = incident_thread(inc)
     advice = next(b for b in blocks if b.get("block_id") == "advice")
     assert "What would fit" in advice["text"]["text"] and "<!channel>" not in advice["text"]["text"]
+
+
+def test_long_names_never_push_the_change_or_digest_out_of_the_confirm_dialog():
+    long = incident()
+    namespace, name = "n" * 63, "vllm-" + "w" * 248  # Kubernetes' limits: 63 and 253 characters
+    p = long.proposal.model_copy(update={"workload": long.proposal.workload.model_copy(
+        update={"namespace": namespace, "name": name})}).sealed()
+    long = long.model_copy(update={"namespace": namespace, "workload": name, "proposal": p})
+    _, blocks = incident_message(long)
+    assert validated(blocks) == blocks
+    confirm = buttons(blocks)[0]["confirm"]
+    assert len(confirm["title"]["text"]) <= 100 and len(confirm["text"]["text"]) <= 300
+    text = confirm["text"]["text"]
+    assert "--max-model-len: 32768 → 18432" in text and f"proposal {p.digest[:12]}" in text
+    assert "longer than 18,432 tokens will be refused" in text and "Roll back" in text
