@@ -28,6 +28,7 @@ from bot.diagnosis.signals import BENIGN_ERRORS, Signals, compute
 log = logging.getLogger(__name__)
 MAX_EVIDENCE_LINES = 10
 MAX_EVIDENCE_CHARS = 400
+MAX_DECISIVE_CHARS = 1500  # the decisive (first) line is quoted whole: vLLM's errors run to ~600 characters
 
 
 def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) -> DiagnosisResult:
@@ -295,7 +296,8 @@ _ADVICE_DROPPED = "[vLLM's advice to lower --gpu-memory-utilization left out: it
 def _quoted(lines: list[str]) -> list[str]:
     """Log lines as they may leave the bot: secrets redacted, bounded in number and length, never
     repeating vLLM's wrong utilization advice."""
-    quoted = [redact(_WRONG_ADVICE.sub(_ADVICE_DROPPED, line))[:MAX_EVIDENCE_CHARS] for line in lines]
+    quoted = [redact(_WRONG_ADVICE.sub(_ADVICE_DROPPED, line))[:MAX_DECISIVE_CHARS if i == 0 else MAX_EVIDENCE_CHARS]
+              for i, line in enumerate(lines)]
     return list(dict.fromkeys(quoted))[:MAX_EVIDENCE_LINES]
 
 

@@ -12,6 +12,7 @@ itself stays in the store, so a click can never smuggle in a different change.
 
 from __future__ import annotations
 
+import re
 import shlex
 from datetime import datetime
 from typing import Any
@@ -31,7 +32,7 @@ from slack_sdk.models.blocks import (
 from bot.app.records import Incident, Note
 from bot.app.redaction import redacted_diagnosis, redacted_incident
 from bot.app.state import IncidentState
-from bot.diagnosis.models import DiagnosisResult, revised
+from bot.diagnosis.models import Change, DiagnosisResult, revised
 from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.remedy.models import Proposal
 from bot.slack.escape import code_block, escape, inline_code, unescape
@@ -115,15 +116,45 @@ def _shown(incident: Incident, redactor: Redactor) -> Incident:
     return incident.revised(proposal=revised(p, workload=workload, changes=changes))
 
 
+CONFIRM_TITLE_LIMIT = ConfirmObject.title_max_length  # 100: Slack's limit for a confirm title
+CONFIRM_TEXT_LIMIT = ConfirmObject.text_max_length  # 300: Slack's limit for a confirm text
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def consequence(proposal: Proposal) -> str:
+    """What approving does beyond the flag itself: the restart, and what the new value refuses."""
+    out = f"A rolling restart of the {proposal.workload.kind}'s pods."
+    for c in proposal.changes:
+        if c.name == "--max-model-len" and c.after and c.after.isdigit():
+            out += f" Requests longer than {int(c.after):,} tokens will be refused."
+        elif c.name == "--max-num-seqs" and c.after and c.after.isdigit():
+            out += f" More than {int(c.after):,} concurrent requests will queue."
+    return out
+
+
 def confirm_text(incident: Incident) -> str:
-    """What the Approve button's confirm dialog says: the workload and the change, from the same
-    proposal record as the message and the button's digest."""
+    """What the Approve button's confirm dialog says: the change, its consequence, that Roll back
+    exists and the proposal's digest, from the same record as the message and the button. The
+    names (which the cluster chooses, up to 253 characters) get only what room is left, so a long
+    name never pushes the change or the digest out of Slack's 300 characters."""
     assert incident.proposal is not None
     p = incident.proposal
     w = p.workload
-    text = f"Patch {w.kind} {w.namespace}/{w.name} (container {w.container}) in cluster {p.cluster}: " + \
-        "; ".join(change_lines(p)) + f" (proposal {p.digest[:12]})"
-    return escape(text)[:ConfirmObject.text_max_length]
+    change = escape("; ".join(change_lines(p)))
+    tail = escape(f" {consequence(p)} Roll back is offered after. (proposal {p.digest[:12]})")
+    where_room = CONFIRM_TEXT_LIMIT - len(change) - len(tail) - len(" on ") - 1
+    where = escape(f"{w.kind} {w.namespace}/{w.name} in {p.cluster}")
+    if where_room < 12:  # not even a useful part of the name fits: the change and digest come first
+        return _cut(change + tail, CONFIRM_TEXT_LIMIT)
+    return change + " on " + _cut(where, where_room) + "." + tail
+
+
+def confirm_title(incident: Incident) -> str:
+    assert incident.proposal is not None
+    return _cut(f"Apply to {incident.proposal.workload.name}?", CONFIRM_TITLE_LIMIT)
 
 
 DIGEST_SEPARATOR = "|"  # a decision button's value: "<incident name>|<proposal digest>"
@@ -134,21 +165,138 @@ def decision_value(incident: Incident) -> str:
     return f"{incident.name}{DIGEST_SEPARATOR}{incident.proposal.digest}"
 
 
+TOP_EVIDENCE_LINES = 3  # the top message quotes at most this many log lines; the thread has them all
+EFFECT_LIMIT = 220  # one line of effect per change in the top message
+NOTICE_LIMIT = 240  # why there is no button, in one line; the details go in the thread
+# vLLM's line prefix: "(EngineCore_DP0 pid=87) ERROR 11-30 04:52:14 [core.py:718] ", each part optional.
+_LOG_PREFIX = re.compile(r"^(?:\([\w.-]+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+)?"
+                         r"(?:\d\d-\d\d \d\d:\d\d:\d\d\s+)?(?:\[[\w./-]+:\d+\]\s*)?")
+
+
+def trimmed(line: str) -> str:
+    """A log line without vLLM's process/level/time/source prefix: the words that say what happened."""
+    return _LOG_PREFIX.sub("", line, count=1) or line
+
+
+def top_evidence(evidence: list[str]) -> list[str]:
+    """At most TOP_EVIDENCE_LINES lines, oldest first, prefixes trimmed. The diagnosis lists its
+    evidence decisive line first, then older context, so the decisive one is kept and ends the quote."""
+    lines = list(dict.fromkeys(evidence))[:TOP_EVIDENCE_LINES]
+    return [trimmed(line) for line in reversed(lines)]
+
+
+def change_effect(change: Change, explanation: str) -> str:
+    """The sentence the diagnosis wrote for this change ("Proposed: --flag value. <effect>"), if any."""
+    for line in explanation.splitlines():
+        head = f"Proposed: {change.name}"
+        if line.startswith(head):
+            rest = line[len(head):].strip()
+            if change.after and rest.startswith(change.after):
+                rest = rest[len(change.after):].lstrip(". ")
+            return _cut(rest, EFFECT_LIMIT)
+    return ""
+
+
 def incident_message(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[str, list[dict[str, Any]]]:
-    """The incident's message. Every text from the cluster is redacted (with `redactor`: the
-    built-in rules plus the operator's patterns) and escaped."""
+    """The incident's message, the decision first: header, cause, change and its effect, the
+    buttons, then a few evidence lines. Everything else is in the thread (incident_thread).
+    Every text from the cluster is redacted (with `redactor`: the built-in rules plus the
+    operator's patterns) and escaped."""
     incident = _shown(incident, redactor)
-    d = incident.diagnosis or DiagnosisResult(cause=incident.cause, title=incident.cause or "No known cause",
-                                              explanation="")
+    d = _diagnosis_of(incident)
     fallback = escape(f"[{incident.cluster}] {incident.namespace}/{incident.workload}: {d.title}")
-    title = f"vLLM crash loop: {incident.namespace}/{incident.workload}"[:HeaderBlock.text_max_length]
+    title = f"{incident.cluster} · {incident.namespace}/{incident.workload}"[:HeaderBlock.text_max_length]
     blocks: list[Block] = [HeaderBlock(text=PlainTextObject(text=title, emoji=True)),
-                           _facts(incident, d), *_diagnosis_sections(d), *_proposal_blocks(incident)]
+                           _section(_decision_text(incident, d), block_id="decision-text")]
+    notice = _no_button_notice(incident)
+    if notice:
+        blocks.append(_section(notice, block_id="approvals-off" if incident.proposal
+                               and incident.proposal.approvals_off else "no-button"))
+    if incident.state == S.PROPOSED and incident.proposal is not None:
+        blocks.append(_decision_buttons(incident))
     status = _status_line(incident)
     if status:
         blocks.append(_section(status, block_id="status"))
+    if d.evidence:
+        blocks.append(_section("*Evidence* (oldest first; all of it in the thread)\n"
+                               + code_block("\n".join(top_evidence(d.evidence))), block_id="evidence"))
     blocks.append(_context(incident))
     return fallback, _json(blocks)
+
+
+def _diagnosis_of(incident: Incident) -> DiagnosisResult:
+    return incident.diagnosis or DiagnosisResult(cause=incident.cause, title=incident.cause or "No known cause",
+                                                 explanation="")
+
+
+def _decision_text(incident: Incident, d: DiagnosisResult) -> str:
+    cause = f"*vLLM crash loop:* {escape(d.title)}" + (f" ({inline_code(d.cause)})" if d.cause else "")
+    p = incident.proposal
+    if p is not None:
+        changes = [(c, line) for c, line in zip(p.changes, change_lines(p), strict=True)]
+    elif d.cause and d.changes and d.command_after and d.command_after != d.command_before:
+        changes = [(c, line) for c, line in zip(d.changes, _diag_change_lines(d), strict=True)]
+        cause += "\n*Suggested change* (no live patch offered for this workload):"
+    else:
+        if d.advice:
+            return cause + "\n*No change proposed;* what would fit is advice in the thread."
+        return cause + "\n*No change proposed:* no known cause was recognised, so there is nothing safe to apply."
+    lines = []
+    for c, line in changes:
+        effect = change_effect(c, d.explanation)
+        lines.append(f"*Change:* {inline_code(line)}" + (f": {escape(effect)}" if effect else ""))
+    return cause + "\n" + "\n".join(lines)
+
+
+def _diag_change_lines(d: DiagnosisResult) -> list[str]:
+    return [f"{c.name}: {c.before if c.before is not None else '(unset)'} → "
+            f"{c.after if c.after is not None else '(removed)'}" for c in d.changes]
+
+
+def _no_button_notice(incident: Incident) -> str:
+    """One line on why no Approve button is offered, or "" when it is."""
+    p = incident.proposal
+    if p is None:
+        return ""
+    w = p.workload
+    if w.live_patch_blocked:
+        return _cut(f":no_entry: *No live patch:* {escape(w.live_patch_blocked)}. "
+                    "The repository change is in the thread.", NOTICE_LIMIT)
+    if p.dry_run_ok is False:
+        return _cut(":no_entry: *The server-side dry run failed*, so no button is offered: "
+                    f"{escape(p.dry_run_message or 'no reason given')}", NOTICE_LIMIT)
+    if p.approvals_off:
+        return _cut(f":eyes: *No Approve button:* {escape(p.approvals_off)}", NOTICE_LIMIT)
+    return ""
+
+
+def incident_thread(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[str, list[dict[str, Any]]]:
+    """The details posted in the message's thread with it: the facts, the explanation, the memory
+    picture and budget table, the command lines, the repository change and the full evidence."""
+    incident = _shown(incident, redactor)
+    d = _diagnosis_of(incident)
+    blocks: list[Block] = [_facts(incident, d)]
+    if d.explanation:
+        blocks.append(_section("*Why*\n" + escape(d.explanation)))
+    if d.memory_picture:
+        blocks.append(_section("*GPU memory and budget*\n" + code_block(d.memory_picture)))
+    if d.advice:
+        blocks.append(_section("*What would fit* (advice, not a change to approve)\n" + escape(d.advice),
+                               block_id="advice"))
+    p = incident.proposal
+    before, after = (p.command_before, p.command_after) if p else (d.command_before, d.command_after)
+    if d.cause and after and after != before:
+        blocks.append(_section("*Command line before*\n" + code_block(command_line(before), 1400)
+                               + "\n*after*\n" + code_block(command_line(after), 1400)))
+    if p is not None and p.workload.live_patch_blocked and (p.manifest_diff or p.workload.repository_hint):
+        blocks.append(_section("*Make this change in the repository instead:*\n"
+                               + code_block(p.manifest_diff or p.workload.repository_hint or "", 2000)))
+    if d.evidence:
+        lines = list(dict.fromkeys(d.evidence))
+        blocks.append(_section("*Evidence* (from the previous container's log and the pod, oldest first)\n"
+                               + code_block("\n".join(reversed(lines)))))
+    text = escape(f"Details: {incident.namespace}/{incident.workload}: {d.title}")
+    return text, _json(blocks)
 
 
 def _facts(incident: Incident, d: DiagnosisResult) -> SectionBlock:
@@ -164,23 +312,6 @@ def _facts(incident: Incident, d: DiagnosisResult) -> SectionBlock:
     ])
 
 
-def _diagnosis_sections(d: DiagnosisResult) -> list[SectionBlock]:
-    out = [_section(f"*Cause:* {escape(d.title)}" + (f"  ({inline_code(d.cause)}, {d.confidence} confidence)"
-                                                     if d.cause else ""))]
-    if d.explanation:
-        out.append(_section(escape(d.explanation)))
-    if d.evidence:
-        lines = list(dict.fromkeys(d.evidence))  # the same line twice says nothing new
-        out.append(_section("*Evidence* (from the previous container's log and the pod)\n"
-                            + code_block("\n".join(lines))))
-    if d.memory_picture:
-        out.append(_section("*GPU memory*\n" + code_block(d.memory_picture)))
-    if d.advice:
-        out.append(_section("*What would fit* (advice, not a change to approve)\n" + escape(d.advice),
-                            block_id="advice"))
-    return out
-
-
 def _context(incident: Incident) -> ContextBlock:
     pods = ", ".join(incident.pods[:5]) + (f" and {len(incident.pods) - 5} more" if len(incident.pods) > 5 else "")
     return ContextBlock(block_id="context", elements=[_mrkdwn(escape(
@@ -188,39 +319,7 @@ def _context(incident: Incident) -> ContextBlock:
         f"first seen {_time(incident.first_seen)} · last seen {_time(incident.last_seen)}"))])
 
 
-def _proposal_blocks(incident: Incident) -> list[Block]:
-    p = incident.proposal
-    d = incident.diagnosis
-    if p is None:
-        if d is not None and d.cause and d.command_after and d.command_after != d.command_before:
-            return [_section("*Suggested change* (no live patch offered for this workload)\nbefore:\n"
-                             + code_block(command_line(d.command_before)) + "\nafter:\n"
-                             + code_block(command_line(d.command_after)))]
-        return [_section("*No change proposed:* no known cause was recognised, so there is nothing safe to apply. "
-                         "The evidence above is what the bot saw.")]
-    w = p.workload
-    changes = "\n".join(f"• {escape(line)}" for line in change_lines(p))
-    out: list[Block] = [
-        _section(f"*Proposed change* to {escape(w.kind)} {escape(w.namespace)}/{escape(w.name)}, container "
-                 f"{inline_code(w.container)}:\n{changes}"),
-        _section("*Command line before*\n" + code_block(command_line(p.command_before), 1400)
-                 + "\n*after*\n" + code_block(command_line(p.command_after), 1400))]
-    if w.live_patch_blocked:
-        where = "\n" + code_block(p.manifest_diff or w.repository_hint or "", 2000) \
-            if (p.manifest_diff or w.repository_hint) else ""
-        out.append(_section(f":no_entry: *No live patch:* {escape(w.live_patch_blocked)}\n"
-                            f"Make this change in the repository instead:{where}"))
-    elif p.dry_run_ok is False:
-        out.append(_section(f":no_entry: *The server-side dry run failed*, so no button is offered: "
-                            f"{escape(p.dry_run_message or 'no reason given')}"))
-    elif p.approvals_off:
-        out.append(_section(f":eyes: *No Approve button:* {escape(p.approvals_off)}", block_id="approvals-off"))
-    if incident.state == S.PROPOSED:
-        out.append(_decision_buttons(incident))
-    return out
-
-
-def _button(action_id: str, label: str, style: str, value: str, confirm: ConfirmObject | None = None
+def _button(action_id: str, label: str, style: str | None, value: str, confirm: ConfirmObject | None = None
             ) -> ButtonElement:
     return ButtonElement(action_id=action_id, style=style, value=value, text=_plain(label), confirm=confirm)
 
@@ -234,8 +333,8 @@ def _decision_buttons(incident: Incident) -> ActionsBlock:
     assert incident.proposal is not None
     return ActionsBlock(block_id="decision", elements=[
         _button(APPROVE, "Approve", "primary", decision_value(incident),
-                _confirm("Apply this change?", confirm_text(incident), "Apply")),
-        _button(REJECT, "Reject", "danger", decision_value(incident)),
+                _confirm(confirm_title(incident), confirm_text(incident), "Apply")),
+        _button(REJECT, "Reject", None, decision_value(incident)),  # harmless: no style, by Slack's convention
     ])
 
 

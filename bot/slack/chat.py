@@ -31,7 +31,7 @@ from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
 from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
 from bot.diagnosis.redact import Redactor
-from bot.slack.blocks import incident_message, note_message
+from bot.slack.blocks import incident_message, incident_thread, note_message
 from bot.slack.notes import note_text
 from bot.support.retrying import RetryPolicy
 
@@ -44,6 +44,7 @@ SERVER_ERRORS = {"internal_error", "fatal_error", "service_unavailable", "reques
 CHANNEL_REFUSED = {"channel_not_found", "not_in_channel", "is_archived", "restricted_action"}
 SLACK_API_URL = "https://slack.com/api/"
 EVENT_TYPE = "vllm_oncall_incident"  # the metadata event type of every incident message
+DETAILS_EVENT_TYPE = "vllm_oncall_details"  # the thread reply that carries an incident's details
 NOTE_EVENT_TYPE = "vllm_oncall_note"  # ... and of a thread reply that must appear once (Note.key)
 # find_posted: how far before an attempt's start to look (Slack's clock against ours), and how much
 # history to read at most; a channel busier than that is "cannot tell", never "not posted".
@@ -177,7 +178,21 @@ class SlackChat:
         resp = self.call("chat.postMessage", self.client.chat_postMessage, policy=self.post_retries,
                          channel=channel or self.default_channel,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
-        return MessageRef(channel=resp["channel"], message_id=resp["ts"])
+        ref = MessageRef(channel=resp["channel"], message_id=resp["ts"])
+        self._post_details(incident, ref)
+        return ref
+
+    def _post_details(self, incident: Incident, ref: MessageRef) -> None:
+        """The thread under the message: the memory picture, the budget, the command lines and the
+        full evidence. The message is posted and stands without it, so a failure here is logged,
+        not raised (raising would make the caller post the message again)."""
+        text, blocks = incident_thread(incident, self.redactor)
+        try:
+            self.call("chat.postMessage", self.client.chat_postMessage, channel=ref.channel, thread_ts=ref.message_id,
+                      text=text, blocks=blocks, unfurl_links=False, unfurl_media=False,
+                      metadata={"event_type": DETAILS_EVENT_TYPE, "event_payload": {"incident": incident.name}})
+        except ChatUnavailable as exc:
+            log.warning("could not post the details of %s in its thread: %s", incident.name, exc)
 
     def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
         """The bot's own top-level message in `channel` whose metadata carries `post_key`, from

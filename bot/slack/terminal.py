@@ -11,7 +11,7 @@ from typing import TextIO
 
 from bot.app.records import Incident, MessageRef, Note
 from bot.diagnosis.redact import DEFAULT, Redactor
-from bot.slack.blocks import blocks_to_text, incident_message, note_message
+from bot.slack.blocks import blocks_to_text, incident_message, incident_thread, note_message
 from bot.slack.chat import audit_actor
 from bot.slack.escape import unescape
 from bot.slack.notes import note_text
@@ -37,6 +37,8 @@ class TerminalChat:
         ref = MessageRef(channel=channel or self.channel, message_id=f"{next(self._ids)}.000000")
         _, blocks = incident_message(incident, self.redactor)
         self._print(f"Message posted to {ref.channel}", blocks_to_text(blocks))
+        self._print(f"Details in the message's thread ({ref.channel})",
+                    blocks_to_text(incident_thread(incident, self.redactor)[1]))
         if incident.post_key:
             self._keys[(ref.channel, incident.post_key)] = ref
         return ref

@@ -110,7 +110,12 @@ def test_why_acks_then_posts_the_diagnosis_with_buttons(bot, slack):
     assert slack.wait_for(lambda: len(slack.posts()) == 1)
     post = slack.posts()[0]
     assert post.params["channel"] == "C0HERE" and has_buttons(post)
-    assert "--max-model-len" in blocks_text(post) and "NVIDIA-L4" in blocks_text(post)
+    assert "--max-model-len" in blocks_text(post)
+    # the facts, memory picture and command lines are in the thread posted with the message
+    assert slack.wait_for(lambda: len(slack.details()) == 1)
+    details = slack.details()[0]
+    assert details.params["thread_ts"] and not has_buttons(details)
+    assert "NVIDIA-L4" in blocks_text(details) and "--max-model-len" in blocks_text(details)
 
 
 def test_why_unknown_pod_answers_with_close_matches(bot, slack):
@@ -203,7 +208,8 @@ def test_429_is_retried_after_retry_after(slack, tmp_path):
     bot = Bot(slack, tmp_path, sleep=waits.append)  # record the retry waits instead of sleeping them
     slack.fail_next("chat.postMessage", status=429, retry_after=7)
     incident = bot.alert()
-    assert len(slack.attempts("chat.postMessage")) == 2 and len(slack.posts()) == 1
+    top_level = [c for c in slack.attempts("chat.postMessage") if not c.params.get("thread_ts")]
+    assert len(top_level) == 2 and len(slack.posts()) == 1 and len(slack.details()) == 1
     assert waits == [7.0]  # exactly what Slack's Retry-After header asked for
     assert bot.chat.metrics.retries.labels("slack", "chat.postMessage", "ratelimited")._value.get() == 1
     assert incident.message_id
@@ -354,8 +360,12 @@ def test_a_long_log_excerpt_still_posts_truncated(slack, tmp_path):
     sections = [b["text"]["text"] for b in post.params["blocks"] if b["type"] == "section" and "text" in b]
     assert all(len(text) <= 3000 for text in sections)
     evidence = next(text for text in sections if text.startswith("*Evidence*"))
-    assert "line 0: RuntimeError" in evidence and evidence.endswith("… (truncated)")
-    assert "<!here>" not in evidence
+    assert "line 0: RuntimeError" in evidence and "<!here>" not in evidence  # the decisive line, on top
+    details = slack.details()[0]
+    thread = [b["text"]["text"] for b in details.params["blocks"] if b["type"] == "section" and "text" in b]
+    assert details.ok and all(len(text) <= 3000 for text in thread)
+    full = next(text for text in thread if text.startswith("*Evidence*"))
+    assert full.endswith("… (truncated)") and "<!here>" not in full
     bot.click("vllm_approve", incident, APPROVER)  # the update of the same long message posts too
     assert slack.wait_for(lambda: any("Applied by <@U0APPROVER>" in blocks_text(update)
                                       for update in slack.delivered("chat.update")))

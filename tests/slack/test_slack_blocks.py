@@ -11,7 +11,7 @@ from slack_sdk.models.blocks import Block, SectionBlock
 from bot.app.records import Incident, Note, NoteKind
 from bot.diagnosis.models import Change, DiagnosisResult
 from bot.remedy.models import Proposal, WorkloadRef
-from bot.slack.blocks import blocks_to_text, incident_message, note_message
+from bot.slack.blocks import blocks_to_text, incident_message, incident_thread, note_message
 from bot.slack.escape import code_block, escape
 
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)
@@ -70,9 +70,9 @@ def test_code_block_cannot_be_closed_by_the_log():
     assert block[3:-3].count("```") == 0
 
 
-def test_message_has_everything_an_on_call_engineer_needs():
+def test_message_and_its_thread_have_everything_an_on_call_engineer_needs():
     text, blocks = incident_message(incident())
-    body = all_text(blocks)
+    body = all_text(blocks) + all_text(incident_thread(incident())[1])
     for expected in ("prod-eu", "inference/vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p", "vllm",
                      "gpu-l4-node-3", "NVIDIA-L4, 22 GiB", "*Restarts*\\n7", "The KV cache cannot hold",
                      "4.00 GiB needed", "Available KV cache memory: 2.34 GiB", "[weights 14.99 GiB]",
@@ -87,6 +87,9 @@ def test_message_has_everything_an_on_call_engineer_needs():
     confirm = approve["confirm"]["text"]["text"]
     assert "Deployment inference/vllm-llama3-8b" in confirm and "32768 → 18432" in confirm
     assert f"proposal {digest[:12]}" in confirm
+    assert "rolling restart" in confirm and "longer than 18,432 tokens will be refused" in confirm
+    assert "Roll back" in confirm
+    assert approve["style"] == "primary" and "style" not in reject  # Slack's convention: the harmless one plain
 
 
 def test_log_text_in_the_message_is_escaped():
@@ -99,8 +102,9 @@ def test_log_text_in_the_message_is_escaped():
 def test_no_buttons_when_gitops_manages_the_workload():
     _, blocks = incident_message(incident(state="diagnosed", blocked="managed by Argo CD; self-heal would revert"))
     assert buttons(blocks) == []
-    body = all_text(blocks)
-    assert "No live patch" in body and "vllmConfig.maxModelLen: 18432" in body
+    assert "No live patch" in all_text(blocks)
+    thread = all_text(incident_thread(incident(state="diagnosed", blocked="managed by Argo CD"))[1])
+    assert "vllmConfig.maxModelLen: 18432" in thread
 
 
 def test_no_buttons_without_a_known_cause():
@@ -120,7 +124,7 @@ def test_thread_note_with_rollback_and_terminal_rendering():
     _, blocks = note_message(Note(kind=NoteKind.CRASHED_AGAIN, pod="p", message="crashed again", diagnosis=diagnosis(), rollback_incident="inc-1"))
     assert buttons(blocks)[0]["action_id"] == "vllm_rollback" and buttons(blocks)[0]["value"] == "inc-1"
     text = blocks_to_text(incident_message(incident())[1])
-    assert "[Approve] (asks: Patch Deployment inference/vllm-llama3-8b" in text and "[Reject]" in text
+    assert "[Approve] (asks: --max-model-len: 32768 → 18432 on Deployment inference/vllm-llama3-8b" in text and "[Reject]" in text
     assert "<!channel>" in text  # the terminal shows the literal log text; only Slack needs escaping
 
 
@@ -153,8 +157,12 @@ def test_texts_longer_than_slack_allows_are_cut_before_posting():
     sections = [b["text"]["text"] for b in blocks if b["type"] == "section" and "text" in b]
     assert all(len(t) <= SectionBlock.text_max_length for t in sections)
     assert all(len(f["text"]) <= 2000 for b in blocks for f in b.get("fields") or [])
-    evidence = next(t for t in sections if t.startswith("*Evidence*"))
-    assert evidence.startswith("*Evidence* (from the previous container's log and the pod)\n```\nline 0: xxx")
+    _, thread = incident_thread(long_incident())
+    assert validated(thread) == thread
+    evidence = next(b["text"]["text"] for b in thread if b["type"] == "section" and "text" in b
+                    and b["text"]["text"].startswith("*Evidence*"))
+    assert evidence.startswith("*Evidence* (from the previous container's log and the pod, oldest first)\n```\n"
+                               "line 59: xxx")
     assert evidence.endswith("… (truncated)")
     assert len(blocks[0]["text"]["text"]) == 150  # the header, cut to Slack's 150
     assert buttons(blocks)[0]["value"] == f"{incident().name}|{incident().proposal.digest}"
@@ -175,7 +183,7 @@ def test_proposals_only_message_has_no_approve_button_and_says_why():
     _, blocks = incident_message(inc)
     assert buttons(blocks) == []
     text = all_text(blocks)
-    assert "Proposed change" in text and "No Approve button" in text and "proposals-only mode" in text
+    assert "*Change:*" in text and "No Approve button" in text and "proposals-only mode" in text
 
 
 def test_advice_is_shown_without_a_button_when_no_change_fits():
@@ -183,6 +191,22 @@ def test_advice_is_shown_without_a_button_when_no_change_fits():
     inc = inc.model_copy(update={"diagnosis": inc.diagnosis.model_copy(update={
         "changes": [], "advice": "8 of these 22 GiB GPUs would hold the weights <!channel>"})})
     _, blocks = incident_message(inc)
-    assert buttons(blocks) == []
+    assert buttons(blocks) == [] and "advice in the thread" in all_text(blocks)
+    _, blocks = incident_thread(inc)
     advice = next(b for b in blocks if b.get("block_id") == "advice")
     assert "What would fit" in advice["text"]["text"] and "<!channel>" not in advice["text"]["text"]
+
+
+def test_long_names_never_push_the_change_or_digest_out_of_the_confirm_dialog():
+    long = incident()
+    namespace, name = "n" * 63, "vllm-" + "w" * 248  # Kubernetes' limits: 63 and 253 characters
+    p = long.proposal.model_copy(update={"workload": long.proposal.workload.model_copy(
+        update={"namespace": namespace, "name": name})}).sealed()
+    long = long.model_copy(update={"namespace": namespace, "workload": name, "proposal": p})
+    _, blocks = incident_message(long)
+    assert validated(blocks) == blocks
+    confirm = buttons(blocks)[0]["confirm"]
+    assert len(confirm["title"]["text"]) <= 100 and len(confirm["text"]["text"]) <= 300
+    text = confirm["text"]["text"]
+    assert "--max-model-len: 32768 → 18432" in text and f"proposal {p.digest[:12]}" in text
+    assert "longer than 18,432 tokens will be refused" in text and "Roll back" in text

@@ -182,7 +182,12 @@ class SlackStandIn:
         return [c for c in self.delivered("chat.postMessage") if not c.params.get("thread_ts")]
 
     def replies(self) -> list[Call]:
-        return [c for c in self.delivered("chat.postMessage") if c.params.get("thread_ts")]
+        """Thread replies that say what happened (notes), not the details posted with a message."""
+        return [c for c in self.delivered("chat.postMessage") if c.params.get("thread_ts") and not is_details(c)]
+
+    def details(self) -> list[Call]:
+        """The details (memory picture, budget, command lines, evidence) posted in a message's thread."""
+        return [c for c in self.delivered("chat.postMessage") if is_details(c)]
 
     # ---- the wire -----------------------------------------------------------------------
 
@@ -336,3 +341,10 @@ class SlackStandIn:
         if self.socket_mode is None:
             return Answer(200, {"ok": False, "error": "socket_mode_not_enabled"})
         return Answer(200, {"ok": True, "url": self.socket_mode.open_url(token)})
+
+
+def is_details(call: Call) -> bool:
+    """The bot's details reply: a thread reply whose metadata says so (bot.slack.chat.DETAILS_EVENT_TYPE)."""
+    meta = call.params.get("metadata") or {}
+    return bool(call.params.get("thread_ts")) and isinstance(meta, dict) \
+        and meta.get("event_type") == "vllm_oncall_details"
