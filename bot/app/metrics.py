@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bot.support.retrying import RetryEvent
 
@@ -13,6 +13,8 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # 1, labelled with the running version (set by the composition root, bot.cli.wiring).
+        self.build_info = Gauge("vllm_oncall_build_info", "The running vllm-oncall's version", ["version"], registry=r)
         self.alerts_received = Counter("vllm_oncall_alerts_received", "Alerts received from Alertmanager",
                                        ["status"], registry=r)
         self.alerts_skipped = Counter("vllm_oncall_alerts_skipped", "Alerts not acted on", ["reason"], registry=r)

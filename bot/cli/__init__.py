@@ -21,6 +21,7 @@ from bot.cli import books as cli_books
 from bot.cli import kube as cli_kube
 from bot.cli import plan as cli_plan
 from bot.cli import serve as cli_serve
+from bot.cli import version as cli_version
 from bot.diagnosis.models import BundleError
 from bot.diagnosis.playbooks import PlaybookError
 
@@ -71,6 +72,7 @@ def cmd_playbooks(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-oncall", description="Diagnose vLLM start-up crashes on Kubernetes.")
+    parser.add_argument("--version", action="version", version=f"vllm-oncall {cli_version.version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("diagnose", help="diagnose an evidence bundle folder (or a log file)")

@@ -18,6 +18,7 @@ from bot.cli.books import add_option as add_playbooks_option
 from bot.cli.books import books_for
 from bot.cli.manifest import server_fields_removed, unified_diff
 from bot.cli.settings import Settings, SettingsError, load_settings
+from bot.cli.version import version
 from bot.diagnosis.playbooks import Playbook, PlaybookError
 
 # The demo incident: inside an installed wheel (setup.py copies it to bot/_bundled/), else in the checkout.
@@ -154,7 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ClusterAccessError, PlaybookError, wiring.CheckFailed) as exc:
         print(f"vllm-oncall serve: {exc}", file=sys.stderr)
         return 2
-    logging.getLogger(__name__).info("starting: %s", _summary(settings))
+    logging.getLogger(__name__).info("starting vllm-oncall %s: %s", version(), _summary(settings))
     # Kubernetes stops pods with SIGTERM: finish cleanly (the incidents are in the store anyway).
     signal.signal(signal.SIGTERM, lambda *_: app.server.request_stop())
     if app.socket_handler is not None:

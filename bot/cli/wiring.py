@@ -42,6 +42,7 @@ from bot.app.work import InlineExecutor, WorkQueue
 from bot.cli.access import api_client, check_reachable
 from bot.cli.books import load_books
 from bot.cli.settings import Settings
+from bot.cli.version import version
 from bot.diagnosis.diagnose import diagnose as core_diagnose
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.diagnosis.playbooks import Playbook, load_dir
@@ -192,6 +193,7 @@ def build(settings: Settings) -> Wiring:
     (VLLM_ONCALL_CLUSTERS, else the one cluster), sharing the chat, the policy, the metrics,
     the diagnoser and the work queue, behind one ClusterRouter."""
     metrics = Metrics()
+    metrics.build_info.labels(version()).set(1)
     # One redactor (the built-in rules + VLLM_ONCALL_REDACT_PATTERNS) for every adapter whose text
     # leaves the cluster: the chat, the incident store, the LLM. Settings already validated them.
     redactor = Redactor(settings.redact_patterns)
