@@ -16,14 +16,12 @@ from bot.app.state import IncidentState
 from bot.cli.access import ClusterAccessError
 from bot.cli.books import add_option as add_playbooks_option
 from bot.cli.books import books_for
+from bot.cli.examples import example_dir
 from bot.cli.manifest import server_fields_removed, unified_diff
 from bot.cli.settings import Settings, SettingsError, load_settings
 from bot.cli.version import version
 from bot.diagnosis.playbooks import Playbook, PlaybookError
 
-# The demo incident: inside an installed wheel (setup.py copies it to bot/_bundled/), else in the checkout.
-EXAMPLE_DIRS = (Path(__file__).resolve().parents[1] / "_bundled" / "examples" / "incident",
-                Path(__file__).resolve().parents[2] / "examples" / "incident")
 DEMO_APPROVER = "U0DEMOAPPROVER"
 
 
@@ -52,23 +50,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_playbooks_option(demo)
     demo.set_defaults(func=run_demo)
 
+    test = sub.add_parser("test-incident", help="post a test incident (the bundled example) to the Slack channel",
+                          description="Post the bundled example incident to the configured Slack channel, "
+                                      "labelled as a test: its buttons answer that it is a test and change "
+                                      "nothing; no pod crashes and nobody is paged. Same settings as serve.")
+    test.add_argument("--config", metavar="FILE", help="YAML file with settings (environment variables win)")
+    test.add_argument("--channel", help="post here instead of VLLM_ONCALL_SLACK_CHANNEL")
+    test.set_defaults(func=run_test_incident)
+
 
 # ---- demo ---------------------------------------------------------------------------------
-
-
-def _example_dir(given: str | None) -> Path:
-    if given:
-        return Path(given)
-    for folder in EXAMPLE_DIRS:
-        if (folder / "alert.json").is_file():
-            return folder
-    raise FileNotFoundError("the bundled example incident is missing (examples/incident/alert.json)")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        example = _example_dir(args.example)
+        example = example_dir(args.example)
     except FileNotFoundError as exc:
         print(f"vllm-oncall demo: {exc}", file=sys.stderr)
         return 2
@@ -124,6 +121,18 @@ def _print_manifest_diff(bundle: Path, cluster_state: Path, out: TextIO) -> None
         after = server_fields_removed(patched.read_text(encoding="utf-8"))
         out.write(f"\nThe patched manifest ({original.name}, server-set fields left out):\n")
         out.write(unified_diff(before, after, f"a/{original.name}", f"b/{original.name}"))
+
+
+def run_test_incident(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(config_file=args.config)
+    except SettingsError as exc:
+        print(f"vllm-oncall test-incident: {exc}", file=sys.stderr)
+        return 2
+    posted, line = _wiring().post_test_incident(settings, args.channel or settings.slack.channel)
+    print(line if posted else f"vllm-oncall test-incident: {line}", file=sys.stdout if posted else sys.stderr)
+    return 0 if posted else 1
 
 
 # ---- serve --------------------------------------------------------------------------------
