@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "at /slack/events) and the HTTP server (/alerts, /healthz, /readyz, "
                                        "/metrics). Configuration: environment variables, see docs/slack.md.")
     serve.add_argument("--config", metavar="FILE", help="YAML file with settings (environment variables win)")
-    serve.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    serve.add_argument("--check", action="store_true", help="validate the configuration, ask Slack and the "
+                       "cluster the first questions, and exit")
+    serve.add_argument("--offline", action="store_true", help="with --check: do not call Slack")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument("--watch", action="store_true",
                        help="watch pods and diagnose a vLLM container at its first crash (VLLM_ONCALL_WATCH)")
@@ -157,7 +159,7 @@ def run_serve(args: argparse.Namespace) -> int:
     wiring = _wiring()
     try:
         if args.check:  # everything first, so "OK" is never printed for a bot that cannot work
-            checked = wiring.check_dependencies(settings)
+            checked = wiring.check_dependencies(settings, offline=args.offline)
             print(f"configuration OK: {_summary(settings)}\n{checked}")
             return 0
         app = wiring.build(settings)

@@ -65,6 +65,7 @@ from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client, post_budget
 from bot.slack.ids import parse_scopes
+from bot.slack.preflight import slack_problems
 from bot.slack.terminal import TerminalChat
 from bot.support.retrying import RetryPolicy
 
@@ -358,12 +359,20 @@ def _kubernetes_checks(settings: Settings, clusters: list[ClusterWiring]) -> dic
     return {f"kubernetes {each.name}": check(each) for each in clusters}
 
 
-def check_dependencies(settings: Settings) -> str:
-    """What `serve --check` checks past the settings: the playbooks load (bundled plus extra folders)
-    and the cluster answers the calls the bot makes first. Slack is not called: /readyz does that."""
+def check_dependencies(settings: Settings, offline: bool = False) -> str:
+    """What `serve --check` checks past the settings: the playbooks load (bundled plus extra folders),
+    the cluster answers the calls the bot makes first and, unless `offline`, Slack accepts the
+    token, its scopes and the bot's membership of the channel (bot.slack.preflight)."""
     books = load_books(settings.playbooks)
     lines = [f"playbooks OK: {len(books or load_dir())} "
              f"({', '.join(str(p) for p in settings.playbooks) or 'bundled only'})"]
+    if not offline:
+        slack = make_client(settings.slack.bot_token, settings.slack.api_url, timeout=settings.slack.timeout_seconds)
+        problems = slack_problems(slack, settings.slack.channel, slack.base_url)
+        if problems:
+            raise CheckFailed("Slack: " + "\nvllm-oncall serve: Slack: ".join(problems))
+        lines.append(f"slack OK: the token works, has the scopes the bot uses, and the bot is in "
+                     f"{settings.slack.channel}")
     if settings.store == "kube" or settings.cluster_source == "kube":
         parts = Parts(settings, books, diagnoser(books), Metrics())
         for name, context in settings.contexts.items():

@@ -139,7 +139,7 @@ def serve_check(objects: list[dict], secret: dict[str, str], tmp_path: Path, ser
     env = container_environment(objects, secret, tmp_path / "mounts")
     # The pod uses its service account; here the same calls go to the API stand-in.
     env.update({"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": kubeconfig_for(server, tmp_path / "k")})
-    return subprocess.run([sys.executable, "-m", "bot.cli", *container["args"], "--check"], env=env, cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "bot.cli", *container["args"], "--check", "--offline"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
 
 
