@@ -41,6 +41,8 @@ class Metrics:
                                registry=r)
         self.slack_failures = Counter("vllm_oncall_slack_failures", "Slack Web API calls that failed for good",
                                       ["method"], registry=r)
+        self.slack_refusals = Counter("vllm_oncall_slack_refusals", "Slack answers that stop the bot until fixed "
+                                      "(not_in_channel, invalid_auth, ...), by error", ["error"], registry=r)
         # The webhook and the HTTP server (bot.http): every request answered with an error, by a
         # fixed reason word; every alert of an accepted batch, by what became of it.
         self.http_rejected = Counter("vllm_oncall_http_rejected", "HTTP requests answered with an error, by reason",

@@ -232,6 +232,7 @@ def build(settings: Settings) -> Wiring:
                        readiness_checks={"slack": chat.check, **_kubernetes_checks(settings, clusters)},
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds,
                        cluster_label=settings.cluster_label)
+    server.readiness.vetoes["slack"] = chat.refused  # a revoked token, not in the channel: 503 with the fix
     wiring = Wiring(settings=settings, metrics=metrics, redactor=redactor, books=books, diagnose=diagnose,
                     policy=policy, slack=slack, chat=chat, work=work, clusters=clusters, router=router,
                     bolt_app=bolt_app, server=server)

@@ -35,8 +35,11 @@ HANDLER_THREADS = 8
 class Readiness:
     """Ready once every check (Slack answers, the Kubernetes API answers) has passed once."""
 
-    def __init__(self, checks: dict[str, Callable[[], Any]], interval: float = 2.0):
+    def __init__(self, checks: dict[str, Callable[[], Any]], interval: float = 2.0,
+                 vetoes: dict[str, Callable[[], str | None]] | None = None):
         self.checks = dict(checks)
+        # Asked at every /readyz after the checks passed: a reason turns it to 503 (Slack refusing the bot).
+        self.vetoes = dict(vetoes or {})
         self.passed: set[str] = set()
         self.errors: dict[str, str] = {}
         self.interval = interval
@@ -273,6 +276,9 @@ class BotServer:
 
     def _readyz(self) -> Response:
         r = self.readiness
+        vetoed = [f"{name} ({reason})" for name, veto in r.vetoes.items() if (reason := veto())]
+        if vetoed:  # the fix first: it says more than "waiting for slack (invalid_auth)"
+            return Response.text(503, f"not ready: {', '.join(vetoed)}\n")
         if r.ready:
             return Response.text(200, "ready\n")
         waiting = ", ".join(f"{n} ({r.errors.get(n, 'not checked yet')})" for n in r.checks if n not in r.passed)
