@@ -35,6 +35,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
     if not args.bundle and not args.log:
         raise BundleError("give an evidence bundle folder, or --log FILE")
+    if args.bundle and args.log:  # one source of evidence: never drop one silently
+        raise BundleError(f"give the bundle folder {args.bundle} or --log {args.log}, not both "
+                          f"(a bundle's log is its previous.log)")
+    _refuse_gzip(Path(args.log) if args.log else Path(args.bundle) / "previous.log")
     books = cli_books.books_for(args)
     evidence = load_log(args.log) if args.log else load_bundle(args.bundle)
     result = diagnose(evidence, books)
@@ -45,6 +49,20 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _refuse_gzip(log: Path) -> None:
+    """A compressed log is not "not text": say what it is and what to do."""
+    try:
+        with log.open("rb") as f:
+            head = f.read(2)
+    except OSError:
+        return  # the loader says what is wrong with the path
+    if head == GZIP_MAGIC:
+        raise BundleError(f"{log}: gzip-compressed; decompress it first (gunzip -k {log}, or zcat {log} > FILE)")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from bot.diagnosis.evaluate import evaluate, format_report
 
@@ -52,6 +70,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not corpus.is_dir():
         raise BundleError(f"{corpus}: no such corpus folder")
     results, summary = evaluate(corpus, cli_books.books_for(args))
+    if not results:
+        raise BundleError(f"{corpus}: no labelled bundles found (each is a folder with previous.log and "
+                          "expected.json); point eval at the corpus folder itself")
     if args.format == "json":
         print(json.dumps({"cases": [r.model_dump() for r in results], "summary": summary}, indent=2))
     else:
@@ -102,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's own usage, not the top-level one
+        subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except (BundleError, PlaybookError) as exc:
@@ -122,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm-oncall: unexpected error: {type(exc).__name__}: {one_line(str(exc))} "
               f"(set {DEBUG_VAR}=1 to see where)", file=sys.stderr)
         return 1
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
 
 
 def one_line(text: str) -> str:
