@@ -102,6 +102,9 @@ def _demo(example: Path, state: Path, approve: bool, books: list[Playbook] | Non
             service.approve(incident.name, DEMO_APPROVER)
             _print_manifest_diff(example / "bundle", state / "cluster", out)
     kept = f"State kept in {state}" if keep else "Temporary state removed (--state-dir DIR keeps it)"
+    if approve and not keep:  # the verify line above names a file in the folder about to be removed
+        kept = (f"Temporary state removed, with the patched manifest in {state / 'cluster'} that the line above "
+                "says to `kubectl apply -f`: run `vllm-oncall demo --approve --state-dir DIR` to keep it")
     final = store.get(incident.name) or incident
     out.write(f"\nIncident {incident.name}: {final.state}. {kept}\n")
     if not approve and incident.state == IncidentState.PROPOSED:

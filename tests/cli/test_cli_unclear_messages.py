@@ -52,3 +52,12 @@ def test_a_gzip_log_is_named_with_gunzip(tmp_path):
     (bundle / "previous.log").write_bytes(log.read_bytes())
     done = run("diagnose", str(bundle), cwd=tmp_path)
     assert done.returncode == 2 and "gzip-compressed" in done.stderr
+
+
+def test_demo_approve_says_the_manifest_it_names_is_removed_or_keeps_it(tmp_path):
+    done = run("demo", "--approve", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "kubectl apply -f" in done.stdout
+    assert "Temporary state removed, with the patched manifest" in done.stdout and "--state-dir DIR" in done.stdout
+    kept = run("demo", "--approve", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+    assert kept.returncode == 0 and list((tmp_path / "state" / "cluster").glob("*.yaml"))
