@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bot.support.retrying import RetryEvent
 
@@ -13,6 +13,8 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # 1, labelled with the running version (set by the composition root, bot.cli.wiring).
+        self.build_info = Gauge("vllm_oncall_build_info", "The running vllm-oncall's version", ["version"], registry=r)
         self.alerts_received = Counter("vllm_oncall_alerts_received", "Alerts received from Alertmanager",
                                        ["status"], registry=r)
         self.alerts_skipped = Counter("vllm_oncall_alerts_skipped", "Alerts not acted on", ["reason"], registry=r)
@@ -39,6 +41,8 @@ class Metrics:
                                registry=r)
         self.slack_failures = Counter("vllm_oncall_slack_failures", "Slack Web API calls that failed for good",
                                       ["method"], registry=r)
+        self.slack_refusals = Counter("vllm_oncall_slack_refusals", "Slack answers that stop the bot until fixed "
+                                      "(not_in_channel, invalid_auth, ...), by error", ["error"], registry=r)
         # The webhook and the HTTP server (bot.http): every request answered with an error, by a
         # fixed reason word; every alert of an accepted batch, by what became of it.
         self.http_rejected = Counter("vllm_oncall_http_rejected", "HTTP requests answered with an error, by reason",

@@ -21,6 +21,7 @@ from bot.cli import books as cli_books
 from bot.cli import kube as cli_kube
 from bot.cli import plan_args as cli_plan
 from bot.cli import serve as cli_serve
+from bot.cli import version as cli_version
 
 DEBUG_VAR = "VLLM_ONCALL_DEBUG"  # set to 1 to see the traceback of an unexpected error
 
@@ -42,6 +43,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
     if not args.bundle and not args.log:
         raise BundleError("give an evidence bundle folder, or --log FILE")
+    if args.bundle and args.log:  # one source of evidence: never drop one silently
+        raise BundleError(f"give the bundle folder {args.bundle} or --log {args.log}, not both "
+                          f"(a bundle's log is its previous.log)")
+    _refuse_gzip(Path(args.log) if args.log else Path(args.bundle) / "previous.log")
     books = cli_books.books_for(args)
     evidence = load_log(args.log) if args.log else load_bundle(args.bundle)
     result = diagnose(evidence, books)
@@ -52,6 +57,22 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _refuse_gzip(log: Path) -> None:
+    """A compressed log is not "not text": say what it is and what to do."""
+    try:
+        with log.open("rb") as f:
+            head = f.read(2)
+    except OSError:
+        return  # the loader says what is wrong with the path
+    if head == GZIP_MAGIC:
+        from bot.diagnosis.models import BundleError
+
+        raise BundleError(f"{log}: gzip-compressed; decompress it first (gunzip -k {log}, or zcat {log} > FILE)")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from bot.diagnosis.evaluate import evaluate, format_report
     from bot.diagnosis.models import BundleError
@@ -60,6 +81,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not corpus.is_dir():
         raise BundleError(f"{corpus}: no such corpus folder")
     results, summary = evaluate(corpus, cli_books.books_for(args))
+    if not results:
+        raise BundleError(f"{corpus}: no labelled bundles found (each is a folder with previous.log and "
+                          "expected.json); point eval at the corpus folder itself")
     if args.format == "json":
         print(json.dumps({"cases": [r.model_dump() for r in results], "summary": summary}, indent=2))
     else:
@@ -80,6 +104,7 @@ def cmd_playbooks(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-oncall", description="Diagnose vLLM start-up crashes on Kubernetes.")
+    parser.add_argument("--version", action="version", version=f"vllm-oncall {cli_version.version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("diagnose", help="diagnose an evidence bundle folder (or a log file)")
@@ -109,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's own usage, not the top-level one
+        subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -130,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm-oncall: unexpected error: {type(exc).__name__}: {one_line(str(exc))} "
               f"(set {DEBUG_VAR}=1 to see where)", file=sys.stderr)
         return 1
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
 
 
 def one_line(text: str) -> str:

@@ -9,11 +9,16 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 import sys
 from pathlib import Path
 
 from bot.cli import books as cli_books
 from bot.diagnosis.render import command_line
+
+REQUEST_TIMEOUT_SECONDS = 3.0  # a silent API server: the command fails in ~10 s, not 5 tries x 30 s
+CONNECT_TIMEOUT_SECONDS = 3.0
+RETRY_LOGGER = "bot.retry"  # bot.support.retrying
 
 
 def _friendly(func):
@@ -40,10 +45,18 @@ def _cluster(args: argparse.Namespace):
     from bot.cli.access import api_client, check_reachable
     from bot.kube.api import KubeApi
     from bot.kube.live import LiveCluster
+    from bot.kube.retry import RetryPolicy
 
     client = api_client(args.context, args.kubeconfig)
-    check_reachable(client)
-    return LiveCluster(KubeApi(client), name=args.cluster or args.context or "default",
+    timeout = args.request_timeout
+    check_reachable(client, timeout=min(timeout, CONNECT_TIMEOUT_SECONDS))
+    # A command ends in about 3 x --request-timeout however the server behaves (silent, slow):
+    # no new try starts after 2 x, and each try ends within 1 x.
+    retry = RetryPolicy(attempts=3, maximum=timeout / 2, budget=2 * timeout)
+    # A terminal command ends with one line saying what failed; the retries before it stay quiet
+    # (serve logs them: there nobody is watching the terminal).
+    logging.getLogger(RETRY_LOGGER).setLevel(logging.ERROR)
+    return LiveCluster(KubeApi(client, retry=retry, request_timeout=timeout), name=args.cluster or args.context or "default",
                        playbooks=cli_books.books_for(args))
 
 
@@ -211,6 +224,9 @@ def _cluster_options(p: argparse.ArgumentParser, namespace: bool = True) -> None
     p.add_argument("--context", help="kubeconfig context (default: in-cluster, else the current context)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
     p.add_argument("--cluster", help="the cluster's name in messages (default: the context)")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_SECONDS, metavar="SECONDS",
+                   help=f"seconds one API request may take (default {REQUEST_TIMEOUT_SECONDS:g}; the command "
+                        "gives up after about three times that)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING, TextIO
 
 from bot.cli.books import add_option as add_playbooks_option
 from bot.cli.books import books_for
+from bot.cli.version import version
 
 if TYPE_CHECKING:  # the rest is imported by serve and demo when they run, not by `--help` (issue 20)
     from bot.cli.settings import Settings
     from bot.diagnosis.playbooks import Playbook
 
-# The demo incident: inside an installed wheel (setup.py copies it to bot/_bundled/), else in the checkout.
-EXAMPLE_DIRS = (Path(__file__).resolve().parents[1] / "_bundled" / "examples" / "incident",
-                Path(__file__).resolve().parents[2] / "examples" / "incident")
 DEMO_APPROVER = "U0DEMOAPPROVER"
 
 
@@ -30,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "at /slack/events) and the HTTP server (/alerts, /healthz, /readyz, "
                                        "/metrics). Configuration: environment variables, see docs/slack.md.")
     serve.add_argument("--config", metavar="FILE", help="YAML file with settings (environment variables win)")
-    serve.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    serve.add_argument("--check", action="store_true", help="validate the configuration, ask Slack and the "
+                       "cluster the first questions, and exit")
+    serve.add_argument("--offline", action="store_true", help="with --check: do not call Slack")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument("--watch", action="store_true",
                        help="watch pods and diagnose a vLLM container at its first crash (VLLM_ONCALL_WATCH)")
@@ -48,23 +48,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_playbooks_option(demo)
     demo.set_defaults(func=run_demo)
 
+    test = sub.add_parser("test-incident", help="post a test incident (the bundled example) to the Slack channel",
+                          description="Post the bundled example incident to the configured Slack channel, "
+                                      "labelled as a test: its buttons answer that it is a test and change "
+                                      "nothing; no pod crashes and nobody is paged. Same settings as serve.")
+    test.add_argument("--config", metavar="FILE", help="YAML file with settings (environment variables win)")
+    test.add_argument("--channel", help="post here instead of VLLM_ONCALL_SLACK_CHANNEL")
+    test.set_defaults(func=run_test_incident)
+
 
 # ---- demo ---------------------------------------------------------------------------------
 
 
-def _example_dir(given: str | None) -> Path:
-    if given:
-        return Path(given)
-    for folder in EXAMPLE_DIRS:
-        if (folder / "alert.json").is_file():
-            return folder
-    raise FileNotFoundError("the bundled example incident is missing (examples/incident/alert.json)")
-
-
 def run_demo(args: argparse.Namespace) -> int:
+    from bot.cli.examples import example_dir
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        example = _example_dir(args.example)
+        example = example_dir(args.example)
     except FileNotFoundError as exc:
         print(f"vllm-oncall demo: {exc}", file=sys.stderr)
         return 2
@@ -101,6 +102,9 @@ def _demo(example: Path, state: Path, approve: bool, books: list[Playbook] | Non
             service.approve(incident.name, DEMO_APPROVER)
             _print_manifest_diff(example / "bundle", state / "cluster", out)
     kept = f"State kept in {state}" if keep else "Temporary state removed (--state-dir DIR keeps it)"
+    if approve and not keep:  # the verify line above names a file in the folder about to be removed
+        kept = (f"Temporary state removed, with the patched manifest in {state / 'cluster'} that the line above "
+                "says to `kubectl apply -f`: run `vllm-oncall demo --approve --state-dir DIR` to keep it")
     final = store.get(incident.name) or incident
     out.write(f"\nIncident {incident.name}: {final.state}. {kept}\n")
     if not approve and incident.state == IncidentState.PROPOSED:
@@ -126,6 +130,20 @@ def _print_manifest_diff(bundle: Path, cluster_state: Path, out: TextIO) -> None
         after = server_fields_removed(patched.read_text(encoding="utf-8"))
         out.write(f"\nThe patched manifest ({original.name}, server-set fields left out):\n")
         out.write(unified_diff(before, after, f"a/{original.name}", f"b/{original.name}"))
+
+
+def run_test_incident(args: argparse.Namespace) -> int:
+    from bot.cli.settings import SettingsError, load_settings
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(config_file=args.config)
+    except SettingsError as exc:
+        print(f"vllm-oncall test-incident: {exc}", file=sys.stderr)
+        return 2
+    posted, line = _wiring().post_test_incident(settings, args.channel or settings.slack.channel)
+    print(line if posted else f"vllm-oncall test-incident: {line}", file=sys.stdout if posted else sys.stderr)
+    return 0 if posted else 1
 
 
 # ---- serve --------------------------------------------------------------------------------
@@ -154,14 +172,14 @@ def run_serve(args: argparse.Namespace) -> int:
     wiring = _wiring()
     try:
         if args.check:  # everything first, so "OK" is never printed for a bot that cannot work
-            checked = wiring.check_dependencies(settings)
+            checked = wiring.check_dependencies(settings, offline=args.offline)
             print(f"configuration OK: {_summary(settings)}\n{checked}")
             return 0
         app = wiring.build(settings)
     except (ClusterAccessError, PlaybookError, wiring.CheckFailed) as exc:
         print(f"vllm-oncall serve: {exc}", file=sys.stderr)
         return 2
-    logging.getLogger(__name__).info("starting: %s", _summary(settings))
+    logging.getLogger(__name__).info("starting vllm-oncall %s: %s", version(), _summary(settings))
     # Kubernetes stops pods with SIGTERM: finish cleanly (the incidents are in the store anyway).
     signal.signal(signal.SIGTERM, lambda *_: app.server.request_stop())
     if app.socket_handler is not None:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -143,6 +144,14 @@ class HttpSettings(Group):
     alert_token: str | None = None
     alertnames: list[str] = Field(default_factory=lambda: ["KubePodCrashLooping"])
 
+    @field_validator("alertnames")
+    @classmethod
+    def _some_alertnames(cls, v: list[str]) -> list[str]:
+        names = [n.strip() for n in v if n.strip()]
+        if not names:
+            raise ValueError("is empty: name at least one alert, e.g. KubePodCrashLooping (else every alert is skipped)")
+        return names
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
@@ -170,6 +179,16 @@ class PodWatchSettings(Group):
     label_selector: str | None = None  # None: vLLM containers recognised by image / command
 
 
+def _http_url(v: str | None) -> str | None:
+    """An http(s) URL with a host, or None: "prometheus:9090" would be read as scheme "prometheus"."""
+    if not v:
+        return None
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL with a host, like http://prometheus:9090 (got {v!r})")
+    return v
+
+
 class VerifySettings(Group):
     """Verification after an applied change: Ready + KV line, a completion request, a soak (bot/app/rollout.py)."""
 
@@ -178,6 +197,8 @@ class VerifySettings(Group):
     request_timeout_seconds: float = Field(default=60, gt=0)
     request_via: Literal["proxy", "pod-ip"] = "proxy"
     prometheus_url: str | None = None  # dcgm-exporter's GPU memory over the soak (bot/kube/prometheus.py)
+
+    _prometheus_url = field_validator("prometheus_url")(_http_url)
 
 
 class LLMOptions(Group):
@@ -188,6 +209,8 @@ class LLMOptions(Group):
     api_key: str = "not-needed"
     timeout_seconds: float = Field(default=5.0, gt=0, le=120)
     calls_per_hour: int = Field(default=60, ge=0)
+
+    _base_url = field_validator("base_url")(_http_url)
 
     def endpoint(self) -> LLMSettings | None:
         """The commentator's settings; None unless VLLM_ONCALL_LLM_BASE_URL is set."""
@@ -315,6 +338,9 @@ class Settings(BaseModel):
             problems.append(f"{ENV_VARS['watch']}: needs {ENV_VARS['cluster_source']}=kube (it watches pods)")
         if self.cluster_source == "local" and self.bundle_dir is None:
             problems.append(f"{ENV_VARS['bundle_dir']}: required when {ENV_VARS['cluster_source']}=local")
+        elif self.bundle_dir is not None and not self.bundle_dir.is_dir():
+            problems.append(f"{ENV_VARS['bundle_dir']}: {self.bundle_dir} is not a folder (an evidence bundle "
+                            "with previous.log)")
         problems += self._cluster_combinations()
         problems += self._lease_fits()
         problems += self._renewals_fit()

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -30,18 +31,22 @@ from kubernetes import client as kube_client
 from slack_bolt import App
 from slack_bolt.adapter.socket_mode import SocketModeHandler
 from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
 
 from bot.app.commentary import Commentary
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy
 from bot.app.ports import ClusterPort, IncidentStore, PodNotFound
+from bot.app.rehearsal import TEST_CLUSTER
 from bot.app.rollout import VerifySteps
 from bot.app.router import ClusterRouter
 from bot.app.service import OncallService
 from bot.app.work import InlineExecutor, WorkQueue
 from bot.cli.access import api_client, check_reachable
 from bot.cli.books import load_books
+from bot.cli.examples import example_dir
 from bot.cli.settings import Settings
+from bot.cli.version import version
 from bot.diagnosis.diagnose import diagnose as core_diagnose
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.diagnosis.playbooks import Playbook, load_dir
@@ -60,6 +65,7 @@ from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client, post_budget
 from bot.slack.ids import parse_scopes
+from bot.slack.preflight import slack_problems
 from bot.slack.terminal import TerminalChat
 from bot.support.retrying import RetryPolicy
 
@@ -192,6 +198,7 @@ def build(settings: Settings) -> Wiring:
     (VLLM_ONCALL_CLUSTERS, else the one cluster), sharing the chat, the policy, the metrics,
     the diagnoser and the work queue, behind one ClusterRouter."""
     metrics = Metrics()
+    metrics.build_info.labels(version()).set(1)
     # One redactor (the built-in rules + VLLM_ONCALL_REDACT_PATTERNS) for every adapter whose text
     # leaves the cluster: the chat, the incident store, the LLM. Settings already validated them.
     redactor = Redactor(settings.redact_patterns)
@@ -217,13 +224,15 @@ def build(settings: Settings) -> Wiring:
     router = ClusterRouter([c.service for c in clusters], default=settings.cluster_name)
     work = WorkQueue(settings.http.workers, settings.http.queue_size)
     bolt_app = build_app(router, slack, signing_secret=settings.slack.signing_secret,
-                         token_verification_enabled=False, default_namespace=settings.default_namespace)
+                         token_verification_enabled=False, default_namespace=settings.default_namespace,
+                         post_test_incident=lambda channel: post_test_incident(settings, channel, books, metrics)[1])
     host, port = settings.http.host_port
     server = BotServer(router, alert_token=settings.http.alert_token, alertnames=settings.http.alertnames, work=work,
                        bolt_app=None if settings.slack.app_token else bolt_app,
                        readiness_checks={"slack": chat.check, **_kubernetes_checks(settings, clusters)},
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds,
                        cluster_label=settings.cluster_label)
+    server.readiness.vetoes["slack"] = chat.refused  # a revoked token, not in the channel: 503 with the fix
     wiring = Wiring(settings=settings, metrics=metrics, redactor=redactor, books=books, diagnose=diagnose,
                     policy=policy, slack=slack, chat=chat, work=work, clusters=clusters, router=router,
                     bolt_app=bolt_app, server=server)
@@ -254,6 +263,42 @@ def build_demo(bundle: Path, state: Path, books: list[Playbook] | None, out: Tex
     service = OncallService(cluster, store, chat, Policy(approver_users=frozenset({approver})),
                             diagnose=diagnoser(books))
     return Demo(service, store, AlertIntake(service, InlineExecutor()))  # inline: the output appears in order
+
+
+TEST_THREAD_NOTE = ("Test incident from `vllm-oncall test-incident` / `/vllm test`: the bundled example, "
+                    "diagnosed on a local copy of its evidence. Its buttons answer and change nothing; no pod "
+                    "crashed and nobody was paged.")
+
+
+def post_test_incident(settings: Settings, channel: str, books: list[Playbook] | None = None,
+                       metrics: Metrics | None = None) -> tuple[bool, str]:
+    """The test incident (bot.app.rehearsal): the bundled example alert through the real intake,
+    diagnosis and Slack post, against a LocalCluster of the bundled evidence in a temporary
+    folder, under the reserved cluster name whose clicks change nothing. (posted?, one line)."""
+    redactor = Redactor(settings.redact_patterns)
+    books = books if books is not None else load_books(settings.playbooks)
+    slack = make_client(settings.slack.bot_token, settings.slack.api_url, timeout=settings.slack.timeout_seconds)
+    chat = SlackChat(slack, channel, metrics or Metrics(), max_attempts=settings.slack.max_attempts,
+                     max_retry_after_seconds=settings.slack.max_retry_after_seconds, redactor=redactor)
+    policy = replace(policy_of(settings, redactor), alert_channel=channel)
+    example = example_dir()
+    with tempfile.TemporaryDirectory(prefix="vllm-oncall-test-") as state:
+        cluster = LocalCluster(example / "bundle", Path(state) / "cluster", name=TEST_CLUSTER, playbooks=books)
+        store = FolderIncidentStore(Path(state) / "incidents")
+        service = OncallService(cluster, store, chat, policy, diagnose=diagnoser(books))
+        status, answer = AlertIntake(service, InlineExecutor()).receive((example / "alert.json").read_bytes(), None)
+        posted = [i for i in store.list() if i.message_id]
+    if status != 200 or not posted:
+        return False, (f"the test incident was not posted to {channel} (intake answered {status} {answer}); "
+                       "the log lines above say why")
+    incident = posted[0]
+    try:
+        slack.chat_postMessage(channel=incident.chat_channel or channel, thread_ts=incident.message_id,
+                               text=TEST_THREAD_NOTE)
+    except (SlackApiError, OSError) as exc:  # the incident is posted; the note is a courtesy
+        log.warning("test incident posted, but its thread note was not: %s", exc)
+    return True, (f"posted test incident {incident.name} ({incident.cause}) to {channel}: its buttons answer "
+                  "that it is a test and change nothing")
 
 
 def build_server(settings: Settings) -> tuple[BotServer, SocketModeHandler | None]:
@@ -315,12 +360,20 @@ def _kubernetes_checks(settings: Settings, clusters: list[ClusterWiring]) -> dic
     return {f"kubernetes {each.name}": check(each) for each in clusters}
 
 
-def check_dependencies(settings: Settings) -> str:
-    """What `serve --check` checks past the settings: the playbooks load (bundled plus extra folders)
-    and the cluster answers the calls the bot makes first. Slack is not called: /readyz does that."""
+def check_dependencies(settings: Settings, offline: bool = False) -> str:
+    """What `serve --check` checks past the settings: the playbooks load (bundled plus extra folders),
+    the cluster answers the calls the bot makes first and, unless `offline`, Slack accepts the
+    token, its scopes and the bot's membership of the channel (bot.slack.preflight)."""
     books = load_books(settings.playbooks)
     lines = [f"playbooks OK: {len(books or load_dir())} "
              f"({', '.join(str(p) for p in settings.playbooks) or 'bundled only'})"]
+    if not offline:
+        slack = make_client(settings.slack.bot_token, settings.slack.api_url, timeout=settings.slack.timeout_seconds)
+        problems = slack_problems(slack, settings.slack.channel, slack.base_url)
+        if problems:
+            raise CheckFailed("Slack: " + "\nvllm-oncall serve: Slack: ".join(problems))
+        lines.append(f"slack OK: the token works, has the scopes the bot uses, and the bot is in "
+                     f"{settings.slack.channel}")
     if settings.store == "kube" or settings.cluster_source == "kube":
         parts = Parts(settings, books, diagnoser(books), Metrics())
         for name, context in settings.contexts.items():

@@ -32,11 +32,17 @@ HANDLER_THREADS = 8
 # ---- readiness ----------------------------------------------------------------------------
 
 
+DISCARD_SECONDS = 10.0  # how long a refused request's remaining body is read and dropped
+
+
 class Readiness:
     """Ready once every check (Slack answers, the Kubernetes API answers) has passed once."""
 
-    def __init__(self, checks: dict[str, Callable[[], Any]], interval: float = 2.0):
+    def __init__(self, checks: dict[str, Callable[[], Any]], interval: float = 2.0,
+                 vetoes: dict[str, Callable[[], str | None]] | None = None):
         self.checks = dict(checks)
+        # Asked at every /readyz after the checks passed: a reason turns it to 503 (Slack refusing the bot).
+        self.vetoes = dict(vetoes or {})
         self.passed: set[str] = set()
         self.errors: dict[str, str] = {}
         self.interval = interval
@@ -222,7 +228,9 @@ class BotServer:
                 self._count(bad.reason)
                 log.info("HTTP %d (%s): %s", bad.status, bad.reason, printable(bad.message))
                 body = (json.dumps({"error": bad.message}) + "\n").encode()
-                await self._write(writer, response_bytes(bad.status, body, keep_alive=False))
+                sent = await self._write(writer, response_bytes(bad.status, body, keep_alive=False))
+                if sent and bad.status == 413:  # the client is still sending its body: let it finish
+                    await self._discard_rest(reader, writer)
                 return
             first = False
             response = await self._respond(request)
@@ -230,6 +238,21 @@ class BotServer:
             data = response_bytes(response.status, response.body, response.content_type, keep, response.headers)
             if not await self._write(writer, data) or not keep:
                 return
+
+    async def _discard_rest(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """After refusing a request (a body over the limit): close our side, then read and drop
+        what the client still sends, for a bounded time. Closing with unread bytes would make the
+        kernel reset the connection, and the client would see a reset instead of our 413."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DISCARD_SECONDS
+        try:
+            if writer.can_write_eof():
+                writer.write_eof()
+            while (left := deadline - loop.time()) > 0:
+                if not await asyncio.wait_for(reader.read(1 << 16), left):
+                    return
+        except (TimeoutError, ConnectionError, OSError):
+            return
 
     async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
         try:
@@ -273,6 +296,9 @@ class BotServer:
 
     def _readyz(self) -> Response:
         r = self.readiness
+        vetoed = [f"{name} ({reason})" for name, veto in r.vetoes.items() if (reason := veto())]
+        if vetoed:  # the fix first: it says more than "waiting for slack (invalid_auth)"
+            return Response.text(503, f"not ready: {', '.join(vetoed)}\n")
         if r.ready:
             return Response.text(200, "ready\n")
         waiting = ", ".join(f"{n} ({r.errors.get(n, 'not checked yet')})" for n in r.checks if n not in r.passed)

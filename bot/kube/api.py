@@ -76,17 +76,31 @@ def _status_of(exc: ApiException) -> tuple[str, str | None]:
         return str(exc.body or exc.reason or exc.status), (exc.reason or None)
 
 
+def _is_status_object(exc: ApiException) -> bool:
+    """kube-apiserver's errors are a JSON Status object (kind: Status)."""
+    try:
+        return json.loads(exc.body or "").get("kind") == "Status"
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
 # kube-apiserver answers 422 when a JSON Patch `test` op does not hold; the message is
 # json-patch's "testing value /path failed: test failed".
 FAILED_TEST_OP = "testing value"
 
 
-def typed_error(exc: BaseException, verb: str, resource: str, namespace: str | None) -> KubeError:
+def typed_error(exc: BaseException, verb: str, resource: str, namespace: str | None, host: str = "") -> KubeError:
     """The one translation from the client's exceptions to bot.kube.errors."""
+    at = f" at {host}" if host else ""
     if not isinstance(exc, ApiException) or exc.status is None:
         # urllib3 errors, timeouts, refused connections: is_transient() retried them already
-        return KubeUnavailable(f"Kubernetes API unreachable ({verb} {resource}): {exc}")
+        detail = " ".join(str(getattr(exc, "reason", None) or exc).split())
+        return KubeUnavailable(f"Kubernetes API{at} unreachable ({verb} {resource}): {detail}")
     (message, reason), status = _status_of(exc), int(exc.status)
+    if status == 404 and not _is_status_object(exc):  # a web server, not an API server, answered
+        return KubeNotFound(f"{host or 'the server'} answered 404 to {verb} {resource} without a Kubernetes Status: "
+                            "is it a Kubernetes API server? (check the kubeconfig's server URL)",
+                            status=status, reason=reason, server_message=message)
     if status == 403:
         return KubeForbidden(verb, resource, namespace, message)
     kind: type[KubeError] = KubeError
@@ -118,6 +132,7 @@ class KubeApi:
         """`patch_within`: seconds a workload patch may take with its retries (patch_bounds);
         None: like any other call."""
         self.api_client = api_client
+        self.host = str(getattr(api_client.configuration, "host", "") or "")  # named in unreachable errors
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -145,10 +160,10 @@ class KubeApi:
             return (retry or self.retry).run(once, api="kubernetes", call=f"{verb} {resource}",
                                              reason_of=transient_reason, retry_after_of=retry_after_seconds)
         except ApiException as exc:
-            raise typed_error(exc, verb, resource, namespace) from None  # the message says it all
+            raise typed_error(exc, verb, resource, namespace, self.host) from None  # the message says it all
         except Exception as exc:
             if is_transient(exc):  # unreachable after the retries: keep the cause for the log
-                raise typed_error(exc, verb, resource, namespace) from exc
+                raise typed_error(exc, verb, resource, namespace, self.host) from exc
             raise
 
     # -- core

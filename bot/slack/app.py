@@ -25,6 +25,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.app.errors import ClusterUnavailable
+from bot.app.rehearsal import TEST_CLICK_ANSWER, is_test_incident
 from bot.app.router import ClusterRouter, UnknownCluster
 from bot.app.service import OncallService
 from bot.app.state import Outcome
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 HELP = """*`/vllm` — vLLM crash-loop helper* ({where})
 • `/vllm why POD` — diagnose a pod (also `NAMESPACE/POD`, or a Deployment/StatefulSet name: its newest crashing pod). Default namespace: `{namespace}`.{clusters}
 • `/vllm playbooks` — the causes the bot recognises and what each one changes.
+• `/vllm test` — approvers: post a test incident here (its buttons change nothing).
 • `/vllm help` — this text.
 Proposals come with *Approve* / *Reject* buttons; only configured approvers may click them, and each proposal works once and expires."""
 
@@ -63,7 +65,8 @@ def playbooks_text() -> str:
 
 def build_app(served: OncallService | ClusterRouter, client: WebClient, signing_secret: str | None = None,
               token_verification_enabled: bool = True, default_namespace: str = "default",
-              listener_executor: Executor | None = None) -> App:
+              listener_executor: Executor | None = None,
+              post_test_incident: Callable[[str], str] | None = None) -> App:
     """The Bolt app of one cluster's service, or of a router over several clusters. The listeners
     run on `listener_executor` (Bolt's own thread pool when None; a test passes one it can wait on)."""
     router = ClusterRouter.of(served)
@@ -78,6 +81,9 @@ def build_app(served: OncallService | ClusterRouter, client: WebClient, signing_
             log.warning("could not read a /vllm command: %s", exc)
             ack(COMMAND_UNREADABLE)
             return
+        if asked.verb == "test" and post_test_incident is not None:
+            answer_test(router, asked, ack, post_test_incident)
+            return
         answer_command(router, asked, ack, default_namespace)
 
     def on_click(use_case: str, decide: Callable[[OncallService, ButtonClick], Outcome]):
@@ -88,6 +94,10 @@ def build_app(served: OncallService | ClusterRouter, client: WebClient, signing_
             except PayloadError as exc:
                 log.warning("could not read a button click (%s): %s", use_case, exc)
                 tell_unreadable_click(client, click_origin(body))
+                return
+            if is_test_incident(click.incident):  # the test incident's buttons change nothing, anywhere
+                tell(client, click.channel_id, click.user_id, TEST_CLICK_ANSWER)
+                log.info("%s on test incident %s by %s: nothing to change", use_case, click.incident, click.user_id)
                 return
             service, refusal = route_click(router, click)
             if service is None:
@@ -179,6 +189,15 @@ def answer_command(router: ClusterRouter, asked: SlashCommand, ack: Ack, default
         ack("Usage: `/vllm why POD`, `/vllm why NAMESPACE/POD` or `/vllm why DEPLOYMENT`.")
     else:
         ack(f"Unknown command `{escape(verb)}`.\n" + helping)
+
+
+def answer_test(router: ClusterRouter, asked: SlashCommand, ack: Ack, post_test_incident: Callable[[str], str]) -> None:
+    """`/vllm test`, for approvers: the test incident in this channel (bot.app.rehearsal)."""
+    if not router.default.approvers.is_approver(asked.user_id, channel=asked.channel_id):
+        ack("Only approvers may post a test incident; nothing was posted.")
+        return
+    ack("Posting a test incident here (its buttons change nothing)…")
+    log.info("/vllm test by %s in %s: %s", asked.user_id, asked.channel_id, post_test_incident(asked.channel_id))
 
 
 def tell_unreadable_click(client: WebClient, origin: ClickOrigin) -> None:

@@ -33,6 +33,7 @@ from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
 from bot.diagnosis.redact import Redactor
 from bot.slack.blocks import incident_message, incident_thread, note_message
 from bot.slack.notes import note_text
+from bot.slack.preflight import fix_for
 from bot.support.retrying import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,9 @@ class SlackChat:
         self.redactor = redactor or DEFAULT_REDACTOR  # every message: the built-in rules + the operator's
         self.default_channel = default_channel
         self._bot: str | None = None  # this bot's bot_id, once asked
+        # Why the bot cannot work until someone fixes Slack (a revoked token, not in the alert
+        # channel): /readyz answers 503 with it; cleared by the next call that succeeds.
+        self.refusal: str | None = None
         self.metrics = metrics or Metrics()
         # The shared policy; `sleep` is injectable so a test can see the waits without waiting.
         self.retries = RetryPolicy(attempts=max_attempts, initial=backoff_seconds, maximum=10, jitter=0.1,
@@ -157,15 +161,37 @@ class SlackChat:
 
     def call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None = None, **kwargs: Any) -> Any:
         try:
-            return (policy or self.retries).run(fn, api="slack", call=method,
-                                                reason_of=lambda exc: retry_reason(method, exc),
-                                                retry_after_of=retry_after_seconds, **kwargs)
+            answer = (policy or self.retries).run(fn, api="slack", call=method,
+                                                  reason_of=lambda exc: retry_reason(method, exc),
+                                                  retry_after_of=retry_after_seconds, **kwargs)
         except (SlackApiError, OSError, http.client.HTTPException) as exc:
             self.metrics.slack_failures.labels(method).inc()
             detail = exc.response.get("error") if isinstance(exc, SlackApiError) else exc
-            log.error("Slack %s failed for good: %s", method, detail)
+            known, fix = self.refusal, self._refused(str(detail), kwargs.get("channel"))
+            if fix is not None:
+                self.metrics.slack_refusals.labels(str(detail)).inc()
+                if fix != known:  # once, not at every readiness probe
+                    log.error("Slack %s refused: %s", method, fix)
+            else:
+                log.error("Slack %s failed for good: %s", method, detail)
             raise ChatUnavailable(f"{method}: {detail}", channel_refused=detail in CHANNEL_REFUSED,
                                   ambiguous=may_have_happened(exc)) from exc
+        self.refusal = None
+        return answer
+
+    def _refused(self, error: str, channel: Any) -> str | None:
+        """The fix for an answer that stops the bot (bot.slack.preflight), kept as the refusal;
+        not_in_channel only for the alert channel (a `/vllm why` elsewhere is answered there)."""
+        if error in ("not_in_channel", "channel_not_found") and channel not in (None, self.default_channel):
+            return None
+        fix = fix_for(error, self.default_channel)
+        if fix is not None:
+            self.refusal = fix
+        return fix
+
+    def refused(self) -> str | None:
+        """For /readyz: why Slack refuses the bot until someone fixes it, or None."""
+        return self.refusal
 
     # ---- ChatPort ---------------------------------------------------------------------
 

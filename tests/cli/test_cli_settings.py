@@ -60,7 +60,7 @@ def test_file_then_environment(tmp_path):
 
 
 def run_check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bot.cli", "serve", "--check", *args],
+    return subprocess.run([sys.executable, "-m", "bot.cli", "serve", "--check", "--offline", *args],
                           env={"PATH": "/usr/bin", **env}, capture_output=True, text=True, timeout=60)
 
 

@@ -81,9 +81,9 @@ def test_serve_check_asks_every_cluster_and_names_the_one_that_refuses(kube_api,
     monkeypatch.setenv("KUBECONFIG", kubeconfig)
     settings = load_settings({**BASE, "KUBECONFIG": kubeconfig, "VLLM_ONCALL_CLUSTERS": "prod-eu=ctx-eu,prod-us=ctx-us",
                               "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall"})
-    out = check_dependencies(settings)
+    out = check_dependencies(settings, offline=True)
     assert "kubernetes OK: cluster prod-eu (context ctx-eu)" in out
     assert "kubernetes OK: cluster prod-us (context ctx-us)" in out
     kube_api_b.fail("list", "vllmincidents", 403)
     with pytest.raises(CheckFailed, match="the Kubernetes API of cluster prod-us \\(context ctx-us\\) refused"):
-        check_dependencies(settings)
+        check_dependencies(settings, offline=True)

@@ -369,7 +369,7 @@ def test_the_default_install_passes_serve_check(kube_api, tmp_path):
     secret = one(objects, "Secret")["stringData"]
     env = container_environment(objects, secret, tmp_path / "mounts")
     env.update({"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": kubeconfig_for(kube_api.url, tmp_path / "k")})
-    done = subprocess.run([sys.executable, "-m", "bot.cli", *container(objects)["args"], "--check"], env=env,
+    done = subprocess.run([sys.executable, "-m", "bot.cli", *container(objects)["args"], "--check", "--offline"], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "configuration OK: cluster prod-eu; mode proposals-only; Slack via Socket Mode" in done.stdout

@@ -185,7 +185,7 @@ def test_connection_refused_is_retried_then_raised(sleeps):
     with pytest.raises(KubeUnavailable) as info:
         api.get_pod(NS, "x")
     assert len(sleeps) == 2
-    assert str(info.value).startswith("Kubernetes API unreachable (get pods): ") and "\n" not in str(info.value)
+    assert str(info.value).startswith("Kubernetes API at http://127.0.0.1:9 unreachable (get pods): ") and "\n" not in str(info.value)
 
 
 def test_collected_evidence_diagnoses_end_to_end(kube_api, cluster):

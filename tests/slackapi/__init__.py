@@ -100,6 +100,12 @@ class SlackStandIn:
         self.messages: dict[str, list[dict[str, Any]]] = {}  # channel -> top-level posts, oldest first
         self.threads: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (channel, parent ts) -> replies
         self.down = False
+        # What Slack sends in every answer's x-oauth-scopes header; channels the bot was not invited
+        # to (conversations.info is_member false, chat.postMessage not_in_channel); revoked tokens.
+        self.scopes = ["chat:write", "commands", "channels:history", "groups:history", "users:read",
+                       "usergroups:read", "channels:read", "groups:read"]
+        self.not_member: set[str] = set()
+        self.revoked: set[str] = set()
         self.socket_mode: Any = None  # a SocketModeStandIn: apps.connections.open hands out its URLs
         self.chaos: Chaos | None = None
         self._faults: dict[str, list[Fault]] = {}
@@ -231,8 +237,11 @@ class SlackStandIn:
             return self._connections_open(auth)
         if not auth.startswith("Bearer xox"):
             return Answer(200, {"ok": False, "error": "not_authed"})
+        if auth.removeprefix("Bearer ") in self.revoked:
+            return Answer(200, {"ok": False, "error": "invalid_auth"})
         status, body = self._effect(method, params)
-        answer = Answer(status, body, committed=status == 200 and bool(body.get("ok")))
+        answer = Answer(status, body, {"x-oauth-scopes": ",".join(self.scopes)},
+                        committed=status == 200 and bool(body.get("ok")))
         if fault is not None:  # after commit
             answer.drop, answer.delay = fault.drop, fault.delay
             if not fault.delay:
@@ -305,6 +314,12 @@ class SlackStandIn:
                      "response_metadata": {"next_cursor": f"offset_{offset + limit}" if more else ""}}
 
     def _effect(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if method == "conversations.info":
+            channel = str(params.get("channel") or "")
+            return 200, {"ok": True, "channel": {"id": channel, "name": f"name-of-{channel.lower()}",
+                                                 "is_member": channel not in self.not_member}}
+        if method in ("chat.postMessage", "chat.update") and str(params.get("channel")) in self.not_member:
+            return 200, {"ok": False, "error": "not_in_channel"}
         if method == "chat.postMessage":
             return self._post(params)
         if method == "conversations.history":
