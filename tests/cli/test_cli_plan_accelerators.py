@@ -58,3 +58,26 @@ def test_cannot_judge_has_its_own_exit_code(tmp_path, capsys):
                          "--node", gke_node(tmp_path, accelerator="nvidia-unknown-x"))
     assert doc["verdict"] == "unknown", doc
     assert code == 3, err
+
+
+def test_plan_searches_a_shorter_context_with_a_lower_utilization(tmp_path, capsys):
+    """8B on one A10G at 0.95 / 32768: no single lever leaves a margin (0.95 starves start-up),
+    a shorter context together with a lower utilization does, and plan checks that pair fits."""
+    path = manifest(tmp_path, args=("--gpu-memory-utilization", "0.95", "--max-model-len", "32768"))
+    code, doc, err = run(capsys, path, "--gpu", "NVIDIA-A10G")
+    assert code == 1, err
+    assert doc["verdict"] == "fails" and doc["change"], doc
+    assert "--max-model-len" in doc["change"] and "--gpu-memory-utilization" in doc["change"]
+    assert doc["change_margin_gib"] >= 0.5
+    length = int(doc["change"].split("--max-model-len ")[1].split()[0])
+    util = doc["change"].split("--gpu-memory-utilization ")[1].split()[0]
+    # the proposed pair, written into the manifest, plans as fitting
+    fixed = manifest(tmp_path, args=("--gpu-memory-utilization", util, "--max-model-len", str(length)))
+    code, doc, err = run(capsys, fixed, "--gpu", "NVIDIA-A10G")
+    assert code == 0 and doc["verdict"] == "fits", (err, doc)
+
+
+def test_the_issues_pair_fits_with_room(tmp_path, capsys):
+    path = manifest(tmp_path, args=("--gpu-memory-utilization", "0.85", "--max-model-len", "4096"))
+    code, doc, err = run(capsys, path, "--gpu", "NVIDIA-A10G")
+    assert code == 0 and doc["margin_gib"] > 2.0, (err, doc)
