@@ -365,7 +365,8 @@ class Playbook(Strict):
         if (change.kind, change.name) in allowed:
             return True
         if change.kind == "resources" and _device_resource(change.name) and any(
-                kind == "resources" and _device_resource(name) for kind, name in allowed):
+                kind == "resources" and _device_resource(name) and name.partition(".")[0] == change.name.partition(".")[0]
+                for kind, name in allowed):
             return True  # the pod's own accelerator resource in place of the declared one (amd.com/gpu)
         if change.kind == "flag" and change.after is not None:
             from bot.diagnosis.vllm_versions import TABLE

@@ -111,3 +111,14 @@ def test_vendor_grants_read_product_memory_and_count(vendor, product, memory):
     grant = gpu_grant(vendor_pod(resource, 2), vendor_node(resource, labels, 8))
     assert (grant.vendor, grant.resource, grant.granted, grant.on_node) == (vendor, resource, 2, 8)
     assert grant.product == product and grant.memory_gib == memory
+
+
+def test_a_declared_device_limit_allows_the_pods_own_device_only_in_the_same_section():
+    from bot.diagnosis.models import Change
+
+    book = next(b for b in load_playbooks() if b.id == "tensor-parallel-mismatch")
+    assert book.allows(Change(kind="resources", name="limits.amd.com/gpu", after="2"))
+    assert book.allows(Change(kind="resources", name="limits.huawei.com/Ascend910", after="2"))
+    assert not book.allows(Change(kind="resources", name="requests.amd.com/gpu", after="2"))
+    assert not book.allows(Change(kind="resources", name="limits.memory", after="2"))
+    assert not book.allows(Change(kind="resources", name="limits.example.com/widget", after="2"))
