@@ -609,7 +609,7 @@ def gpu_limit_for_tensor_parallel(ctx: Context) -> Computed | None:
     if current is not None and int(float(current)) >= want:
         return None
     return Computed(after=str(want), before=current,
-                    arithmetic=f"the pod needs one device per tensor-parallel rank: {tp.after} x PP {pp} = {want}.")
+                    arithmetic=f"the pod needs one GPU per tensor-parallel rank: {tp.after} x PP {pp} = {want}.")
 
 
 @formula
