@@ -141,4 +141,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         parts = ([render(result)] if result is not None else []) + \
             ([_flags_text(args.vllm_version, release, checks)] if checks is not None else [])
         print("\n\n".join(parts))
-    return 0 if flags_ok and (result is None or result.fits) else 1
+    return plan_exit_code(flags_ok, result.verdict if result is not None else None)
+
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
+
+
+def plan_exit_code(flags_ok: bool, verdict: str | None) -> int:
+    """0 fits, 1 does not fit (or the release lacks a flag), 2 bad input, 3 cannot judge: a script
+    must not read "the model's size or the GPU's memory is unknown" as either yes or no."""
+    if not flags_ok or verdict == "fails":
+        return EXIT_DOES_NOT_FIT
+    if verdict == "unknown":
+        return EXIT_CANNOT_JUDGE
+    return EXIT_FITS
+

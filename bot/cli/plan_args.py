@@ -15,7 +15,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="before deploying: does a manifest fit its GPUs, which stage fails first, "
-                                    "what to change (exit 0 fits, 1 does not, 2 bad input)")
+                                    "what to change (exit 0 fits, 1 does not, 2 bad input, 3 cannot judge)")
     p.add_argument("manifest", help="a Deployment, StatefulSet or Pod manifest file")
     p.add_argument("--node", metavar="NODE.yaml", help="the node it will run on (kubectl get node NAME -o yaml)")
     p.add_argument("--gpu", metavar="PRODUCT", help="or a GPU product, e.g. NVIDIA-H100-80GB-HBM3, NVIDIA-L40S")

@@ -18,7 +18,7 @@ from typing import Any
 from bot.diagnosis import cmdline, levers, render
 from bot.diagnosis.catalogue import CatalogueError, load_bundle_config
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
-from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, run_formula
+from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, device_target, run_formula
 from bot.diagnosis.logfacts import LogFacts, extract
 from bot.diagnosis.models import BundleError, Change, DiagnosisResult, Evidence
 from bot.diagnosis.playbooks import Condition, Playbook, default_playbooks
@@ -188,7 +188,7 @@ def _first_fix(book: Playbook, ctx: Context) -> FixResult:
         computed: list[tuple[Any, Computed]] = []
         for spec in fix.changes:
             try:
-                result = run_formula(spec.value, ctx, Target(spec.kind, spec.name), spec.params)
+                result = run_formula(spec.value, ctx, Target(spec.kind, device_target(ctx, spec.kind, spec.name)), spec.params)
             except NoSafeChange as exc:
                 reasons.append(str(exc))
                 advice = advice or exc.advice
@@ -206,7 +206,8 @@ def _first_fix(book: Playbook, ctx: Context) -> FixResult:
             if not computed:
                 continue
             fitted, why = _in_release_spelling([c for spec, r in computed for c in (
-                r.changes or [Change(kind=spec.kind, name=spec.name, before=r.before, after=r.after)])], ctx)
+                r.changes or [Change(kind=spec.kind, name=device_target(ctx, spec.kind, spec.name), before=r.before,
+                                     after=r.after)])], ctx)
             if fitted is None:  # never propose a flag the running vLLM release does not have
                 reasons.append(why)
                 continue

@@ -127,8 +127,8 @@ def pod_view(evidence: Evidence) -> PodView:
         iter(meta.get("ownerReferences") or []), None)
     events = evidence.events or []
     return PodView(
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
+        namespace=str(meta.get("namespace") or ""),  # a manifest may leave it out, or write it empty
+        name=str(meta.get("name") or ""),
         node_name=spec.get("nodeName"),
         container=container,
         shm_volume=shm,

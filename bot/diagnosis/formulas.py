@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bot.diagnosis import levers
+from bot.diagnosis import accelerators, levers
 from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.evidence import format_gib_quantity, parse_quantity, pick_container
 from bot.diagnosis.levers import MARGIN_GIB, MemoryModel
@@ -523,7 +523,27 @@ def _tp_needed(ctx: Context) -> tuple[int, str] | None:
 
 
 def _node_gpus(ctx: Context) -> int | None:
-    return ctx.node.gpu_count or ctx.node.gpu_capacity
+    """Physical devices on the node: NVIDIA's labels, else what the grant read for any vendor."""
+    grant = ctx.memory.grant if ctx.memory is not None else None
+    return ctx.node.gpu_count or ctx.node.gpu_capacity or (grant.cards_on_node if grant else None)
+
+
+def _device_limit(ctx: Context) -> tuple[str, str | None]:
+    """The pod's own accelerator resource (amd.com/gpu stays amd.com/gpu) and its limit now."""
+    limits = ctx.pod.container.limits if ctx.pod.container else {}
+    resource, _ = accelerators.pod_device_resource(limits)
+    resource = resource or "nvidia.com/gpu"
+    return resource, limits.get(resource)
+
+
+def device_target(ctx: Context, kind: str, name: str) -> str:
+    """A playbook's accelerator resource (limits.nvidia.com/gpu) as the pod's own: a pod asking
+    for amd.com/gpu, gpu.intel.com/xe or huawei.com/Ascend910 gets more of that, never NVIDIA's."""
+    section, _, resource = name.partition(".")
+    if kind != "resources" or not accelerators.is_device_resource(resource):
+        return name
+    own, _ = accelerators.pod_device_resource(ctx.pod.container.limits if ctx.pod.container else {})
+    return f"{section}.{own}" if own else name
 
 
 def _no_tensor_parallel_here(ctx: Context) -> str | None:
@@ -585,7 +605,7 @@ def gpu_limit_for_tensor_parallel(ctx: Context) -> Computed | None:
         return None
     pp = ctx.signals.get("pipeline_parallel_size") or 1
     want = int(tp.after) * pp
-    current = ctx.pod.container.limits.get("nvidia.com/gpu") if ctx.pod.container else None
+    resource, current = _device_limit(ctx)
     if current is not None and int(float(current)) >= want:
         return None
     return Computed(after=str(want), before=current,
@@ -597,7 +617,7 @@ def gpu_limit_for_world_size(ctx: Context) -> Computed | None:
     s = ctx.signals
     world = s.get("world_size_required") or s.get("world_size")
     node_gpus = _node_gpus(ctx)
-    current = ctx.pod.container.limits.get("nvidia.com/gpu") if ctx.pod.container else None
+    resource, current = _device_limit(ctx)
     if not world or (current and int(float(current)) >= world):
         return None
     if node_gpus and world > node_gpus and ctx.memory is not None:
@@ -611,7 +631,7 @@ def gpu_limit_for_world_size(ctx: Context) -> Computed | None:
         if blocked:
             raise NoSafeChange(blocked + ".", advice=levers.advice_for_weights(ctx.memory, node_gpus))
         fit = ctx.memory.fit(gpu_count=world)
-        ctx.memory.consider(f"limits.nvidia.com/gpu {world} with --tensor-parallel-size kept", fit,
+        ctx.memory.consider(f"limits.{resource} {world} with --tensor-parallel-size kept", fit,
                             fit.verdict != "fails", levers.why_not(fit) if fit.verdict == "fails" else "")
         checked = levers.margin_text(fit)
     return Computed(after=str(world), before=current,

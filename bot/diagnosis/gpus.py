@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from bot.diagnosis import accelerators
 from bot.diagnosis.evidence import pick_container
 from bot.diagnosis.models import revised
 
@@ -36,7 +37,7 @@ class Frozen(BaseModel):
 class GpuGrant(Frozen):
     """What one vLLM container can use. Memory is per device (card or slice), in GiB."""
 
-    vendor: Literal["nvidia", "amd"] | None = None
+    vendor: str | None = None  # a vendor of data/accelerators.yaml: nvidia, amd, intel, ascend, tpu
     resource: str | None = None  # the limit's resource name
     granted: int = 0  # devices in the container's limit
     on_node: int | None = None  # devices of that kind the node can allocate (replicas counted once)
@@ -102,8 +103,6 @@ _PRODUCTS: tuple[tuple[str, int | None, tuple[int, int]], ...] = (
 # GPU feature discovery's family label -> the lowest compute capability of that family
 _FAMILIES = {"volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "ada-lovelace": (8, 9), "lovelace": (8, 9),
              "hopper": (9, 0), "blackwell": (10, 0)}
-# AMD Instinct: memory per device in GiB (an MI250X shows up as two 64 GiB devices)
-_AMD_PRODUCTS = (("MI325", 256.0), ("MI300X", 192.0), ("MI250", 64.0), ("MI210", 64.0))
 
 _MIG_IN_PRODUCT = re.compile(r"-MIG-(\d+g\.\d+gb(?:\+me)?)$", re.I)
 _MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb(?:\+me)?$")
@@ -165,23 +164,13 @@ def _count(value: Any) -> int | None:
 
 
 def _gpu_limits(container: dict[str, Any] | None) -> dict[str, int]:
-    """GPU resources the container asks for: limits, else requests (extended resources need one)."""
+    """Device resources the container asks for: limits, else requests (extended resources need one)."""
     resources = (container or {}).get("resources") or {}
-    wanted = resources.get("limits") or resources.get("requests") or {}
-    out: dict[str, int] = {}
-    for name, value in wanted.items():
-        n = _count(value)
-        if n and (name.startswith("nvidia.com/") or name == "amd.com/gpu"):
-            out[str(name)] = n
-    return out
+    return accelerators.device_limits(resources.get("limits") or resources.get("requests") or {})
 
 
 def _pick_resource(limits: dict[str, int]) -> tuple[str | None, int]:
-    for name in ("nvidia.com/gpu", "nvidia.com/gpu.shared", "amd.com/gpu"):
-        if name in limits:
-            return name, limits[name]
-    mig = sorted(n for n in limits if _MIG_RESOURCE.match(n))
-    return (mig[0], limits[mig[0]]) if mig else (None, 0)
+    return accelerators.pod_device_resource(limits)
 
 
 def _node_parts(node: dict[str, Any] | None) -> tuple[dict[str, str], dict[str, Any]]:
@@ -201,8 +190,10 @@ def gpu_grant(pod: dict[str, Any] | None, node: dict[str, Any] | None, container
     picked = pick_container(pod, container) if pod else None
     resource, granted = _pick_resource(_gpu_limits(picked))
     labels, allocatable = _node_parts(node)
-    if resource == "amd.com/gpu" or (resource is None and "amd.com/gpu" in allocatable):
-        grant = _amd_grant(labels, allocatable, granted)
+    vendor = accelerators.vendor_of(resource) if resource else next(
+        (v for v in accelerators.vendors() if any(v.owns(str(n)) for n in allocatable)), None)
+    if vendor is not None and vendor.vendor != "nvidia":
+        grant = _vendor_grant(vendor, resource, labels, allocatable, granted)
     else:
         grant = _nvidia_grant(resource, granted, labels, allocatable)
     if log_total_gib:
@@ -212,11 +203,14 @@ def gpu_grant(pod: dict[str, Any] | None, node: dict[str, Any] | None, container
 
 def _nvidia_grant(resource: str | None, granted: int, labels: dict[str, str],
                   allocatable: dict[str, Any]) -> GpuGrant:
-    raw_product = labels.get("nvidia.com/gpu.product") or None
+    nvidia = accelerators.vendors()[0]
+    # GPU feature discovery's labels, else GKE's (gke-accelerator, gke-gpu-sharing-strategy, ...)
+    raw_product = nvidia.first_label(labels, nvidia.product_labels)
     strategy = labels.get("nvidia.com/mig.strategy") or None
-    sharing = labels.get("nvidia.com/gpu.sharing-strategy") or None
-    replicas = _count(labels.get("nvidia.com/gpu.replicas"))
-    shared = bool((replicas or 1) > 1 or (sharing and sharing != "none") or resource == "nvidia.com/gpu.shared"
+    sharing = nvidia.first_label(labels, nvidia.strategy_labels)
+    replicas = _count(nvidia.first_label(labels, nvidia.replicas_labels))
+    shared = bool((replicas or 1) > 1 or (sharing and sharing not in nvidia.not_shared)
+                  or resource == "nvidia.com/gpu.shared"
                   or (raw_product or "").upper().endswith("-SHARED"))
     per_device = replicas if shared and replicas and replicas > 1 else 1
     profile = _mig_profile(resource, raw_product)
@@ -225,7 +219,7 @@ def _nvidia_grant(resource: str | None, granted: int, labels: dict[str, str],
         on_node //= per_device
     memory, source = _nvidia_memory(profile, resource, labels, raw_product)
     cc, cc_source = _compute(labels, raw_product)
-    cards = _count(labels.get("nvidia.com/gpu.count"))
+    cards = _count(nvidia.first_label(labels, nvidia.count_labels))
     if cards is None and not profile:
         cards = on_node
     return GpuGrant(
@@ -281,17 +275,18 @@ def _compute(labels: dict[str, str], product: str | None) -> tuple[tuple[int, in
     return (family, "GPU family") if family else (None, "unknown")
 
 
-def _amd_grant(labels: dict[str, str], allocatable: dict[str, Any], granted: int) -> GpuGrant:
-    product = labels.get("amd.com/gpu.product-name") or labels.get("beta.amd.com/gpu.product-name") or None
-    memory: float | None = None
-    source: MemorySource = "unknown"
-    vram = re.match(r"^(\d+(?:\.\d+)?)\s*G", labels.get("amd.com/gpu.vram") or labels.get("beta.amd.com/gpu.vram") or "")
-    if vram:
-        memory, source = float(vram.group(1)), "node label"
-    elif product:
-        hit = next((gib for frag, gib in _AMD_PRODUCTS if frag in product.upper()), None)
-        if hit:
-            memory, source = hit, "catalogue"
-    on_node = _count(allocatable.get("amd.com/gpu"))
-    return GpuGrant(vendor="amd", resource="amd.com/gpu" if granted else None, granted=granted, on_node=on_node,
-                    cards_on_node=on_node, product=product, memory_gib=memory, memory_source=source)
+def _vendor_grant(vendor: accelerators.Vendor, resource: str | None, labels: dict[str, str],
+                  allocatable: dict[str, Any], granted: int) -> GpuGrant:
+    """AMD, Intel, Ascend, TPU: product and memory from the vendor's labels, else its catalogue."""
+    product = vendor.first_label(labels, vendor.product_labels)
+    if product is None and resource and vendor.resource_patterns:
+        product = resource.rpartition("/")[2]  # huawei.com/Ascend910 names the chip itself
+    memory: float | None = vendor.memory_gib(labels)
+    source: MemorySource = "node label" if memory else "unknown"
+    if memory is None:
+        memory = vendor.catalogue_gib(product)
+        source = "catalogue" if memory else "unknown"
+    on_node = accelerators.node_devices(allocatable, resource)
+    cards = _count(vendor.first_label(labels, vendor.count_labels)) or on_node
+    return GpuGrant(vendor=vendor.vendor, resource=resource if granted else None, granted=granted, on_node=on_node,
+                    cards_on_node=cards, product=product, memory_gib=memory, memory_source=source)

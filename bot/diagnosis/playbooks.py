@@ -364,6 +364,10 @@ class Playbook(Strict):
         allowed = self.allowed()
         if (change.kind, change.name) in allowed:
             return True
+        if change.kind == "resources" and _device_resource(change.name) and any(
+                kind == "resources" and _device_resource(name) and name.partition(".")[0] == change.name.partition(".")[0]
+                for kind, name in allowed):
+            return True  # the pod's own accelerator resource in place of the declared one (amd.com/gpu)
         if change.kind == "flag" and change.after is not None:
             from bot.diagnosis.vllm_versions import TABLE
 
@@ -374,6 +378,13 @@ class Playbook(Strict):
                                             if c.kind == "flag"):
             return False
         return change.after is None or change.name in vllm_names().flags
+
+
+def _device_resource(name: str) -> bool:
+    from bot.diagnosis.accelerators import is_device_resource
+
+    section, _, resource = name.partition(".")
+    return section in ("limits", "requests") and is_device_resource(resource)
 
 
 def _close(name: str, known: Any) -> str:

@@ -159,7 +159,7 @@ def _search(model: levers.MemoryModel, fit: Fit, result: PlanResult) -> None:
     stage = fit.first_failure
     if stage in {"startup", "scheduling", "nccl_init"}:
         if node_gpus and world <= node_gpus and grant.can_tensor_parallel:
-            found = levers.try_lever(model, f"limits.nvidia.com/gpu {world}", gpu_count=world)
+            found = levers.try_lever(model, f"limits.{grant.resource or 'nvidia.com/gpu'} {world}", gpu_count=world)
         if found is None and ran.gpu_count:
             found = levers.try_lever(model, f"--tensor-parallel-size {ran.gpu_count // ran.pipeline_parallel_size or 1}",
                                      tensor_parallel_size=max(1, ran.gpu_count // ran.pipeline_parallel_size))
@@ -178,15 +178,30 @@ def _search(model: levers.MemoryModel, fit: Fit, result: PlanResult) -> None:
 
 
 def _shorter_context(model: levers.MemoryModel) -> levers.Considered | None:
-    """The longest power-of-two --max-model-len below the current one (down to 2048) whose budget fits."""
+    """The longest power-of-two --max-model-len below the current one (down to 2048) whose budget
+    fits; at each length the current --gpu-memory-utilization first, then lower ones together with
+    it: a shorter context needs less KV cache, so a lower utilization can give back the headroom
+    the start-up stage lacks (one lever at a time misses that pair)."""
     current = model.budget.max_model_len(model.ran)  # the flag, else the model's own context
     length = 1 << (int(current.value if current is not None else 4096) - 1).bit_length() - 1
     while length >= 2048:
         found = levers.try_lever(model, f"--max-model-len {length}", max_model_len=length)
+        for util in _lower_utilizations(model.ran.gpu_memory_utilization):
+            if found is not None:
+                break
+            found = levers.try_lever(model, f"--max-model-len {length} with --gpu-memory-utilization {util:.2f}",
+                                     max_model_len=length, gpu_memory_utilization=util)
         if found is not None:
             return found
         length //= 2
     return None
+
+
+def _lower_utilizations(current: float | None) -> list[float]:
+    """0.05 steps below the current utilization (vLLM's default 0.9), down to 0.80."""
+    start = current if current is not None else 0.9
+    steps = int(round((start - 0.80) / 0.05))
+    return [round(start - 0.05 * i, 2) for i in range(1, steps + 1)]
 
 
 def render(result: PlanResult) -> str:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.diagnosis import accelerators
 from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.evidence import parse_quantity
 from bot.diagnosis.logfacts import FRAME_ORDER, LogFacts
@@ -33,7 +34,7 @@ DERIVED = {
     "pipeline_parallel_size": "effective --pipeline-parallel-size",
     "data_parallel_size": "effective --data-parallel-size",
     "world_size": "TP x PP",
-    "pod_gpus": "nvidia.com/gpu in the container's limits",
+    "pod_gpus": "the accelerator devices in the container's limits (nvidia.com/gpu, amd.com/gpu, ...)",
     "world_exceeds_pod_gpus": "TP x PP is larger than the GPUs the pod got",
     "has_shm_volume": "a memory-backed volume at /dev/shm (or hostIPC)",
     "multi_process": "several vLLM processes share tensors (TP, PP or DP > 1)",
@@ -273,7 +274,8 @@ def _pod(s: Signals, pod: PodView) -> None:
     container = pod.container
     if not container:
         return
-    gpus = _num(container.limits.get("nvidia.com/gpu"))
+    resource, count = accelerators.pod_device_resource(container.limits)
+    gpus = count if resource else None
     if gpus is not None:
         s.set("pod_gpus", int(gpus))
         s.set("world_exceeds_pod_gpus", s.get("world_size") > gpus)

@@ -1,0 +1,124 @@
+"""Accelerators as data (issue 21): every proposal uses the device resource the pod already
+requests, and sharded proposals only on devices the node really has, on every vendor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from builders import make_node, make_pod, write_bundle
+
+from bot.diagnosis.diagnose import diagnose
+from bot.diagnosis.evidence import load_bundle
+from bot.diagnosis.gpus import gpu_grant
+from bot.diagnosis.playbooks import load_playbooks
+
+# weights that cannot fit one 80 GB device: the fix is TP over more devices, when the node has them
+WEIGHTS_OOM = ('  File "/usr/lib/python3/dist-packages/vllm/model_executor/models/qwen2.py", line 300, in __init__\n'
+               "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB. GPU 0 has a total capacity "
+               "of 79.33 GiB of which 500.00 MiB is free. Of the allocated memory 78.33 GiB is allocated by PyTorch, and "
+               "10.00 MiB is reserved by PyTorch but unallocated.\n")
+
+# vendor -> (the pod's resource, node labels)
+VENDORS: dict[str, tuple[str, dict[str, str]]] = {
+    "nvidia": ("nvidia.com/gpu", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"}),
+    "amd": ("amd.com/gpu", {"amd.com/gpu.product-name": "AMD_Instinct_MI210", "amd.com/gpu.vram": "64G"}),
+    "intel": ("gpu.intel.com/xe", {"gpu.intel.com/product": "Intel Data Center GPU Max 1100"}),
+    "intel-i915": ("gpu.intel.com/i915", {}),
+    "ascend": ("huawei.com/Ascend910", {"accelerator": "huawei-Ascend910"}),
+    "tpu": ("google.com/tpu", {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice"}),
+}
+
+
+def vendor_pod(resource: str, count: int = 1) -> dict[str, Any]:
+    pod = make_pod(command=["vllm", "serve"], args=["Qwen/Qwen2-72B-Instruct"])
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(count), "memory": "64Gi"}}
+    return pod
+
+
+def vendor_node(resource: str, labels: dict[str, str], devices: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1", "labels": dict(labels)},
+            "status": {"capacity": {resource: str(devices)},
+                       "allocatable": {resource: str(devices), "memory": "251Gi"}}}
+
+
+def device_changes(result) -> dict[str, str | None]:
+    return {c.name: c.after for c in result.changes if c.kind == "resources" and "/" in c.name}
+
+
+def tp_after(result) -> int | None:
+    tp = [c.after for c in result.changes if c.kind == "flag" and c.name == "--tensor-parallel-size"]
+    return int(tp[0]) if tp and tp[0] else None
+
+
+@pytest.mark.parametrize("vendor", sorted(VENDORS))
+@pytest.mark.parametrize("devices", [1, 4, 8])
+def test_proposals_use_the_pods_resource_and_fit_the_nodes_devices(tmp_path, vendor, devices):
+    resource, labels = VENDORS[vendor]
+    bundle = write_bundle(tmp_path / "b", WEIGHTS_OOM, vendor_pod(resource), vendor_node(resource, labels, devices))
+    result = diagnose(load_bundle(bundle))
+    for name, after in device_changes(result).items():
+        assert name == f"limits.{resource}", f"{vendor}: proposed {name} on a pod requesting {resource}"
+        assert after is not None and int(after) <= devices
+    tp = tp_after(result)
+    assert tp is None or tp <= devices, f"{vendor}: TP {tp} on a node with {devices} device(s)"
+    if devices == 1:
+        assert tp is None
+    if tp and tp > 1:  # the pod must ask for as many devices as ranks, in its own resource
+        assert device_changes(result) == {f"limits.{resource}": str(tp)}
+    # and the approval check accepts what was shown: the playbook allows the pod's own resource
+    book = next(b for b in load_playbooks() if b.id == result.cause) if result.cause else None
+    if book is not None:
+        assert all(book.allows(c) for c in result.changes)
+
+
+def test_multi_device_amd_node_gets_more_amd_gpus_never_nvidias(tmp_path):
+    bundle = write_bundle(tmp_path / "b", WEIGHTS_OOM, vendor_pod("amd.com/gpu"),
+                          vendor_node("amd.com/gpu", VENDORS["amd"][1], 4))
+    result = diagnose(load_bundle(bundle))
+    assert result.cause == "weights-exceed-gpu"
+    assert tp_after(result) in (2, 4)
+    assert set(device_changes(result)) == {"limits.amd.com/gpu"}
+
+
+def test_gke_time_sharing_one_t4_gets_no_tensor_parallel(tmp_path):
+    labels = {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4", "cloud.google.com/gke-gpu-sharing-strategy":
+              "time-sharing", "cloud.google.com/gke-max-shared-clients-per-gpu": "4"}
+    node = vendor_node("nvidia.com/gpu", labels, 4)  # 4 allocatable time slices of one card
+    grant = gpu_grant(vendor_pod("nvidia.com/gpu", 1), node)
+    assert grant.shared and grant.replicas == 4 and grant.on_node == 1 and not grant.can_tensor_parallel
+    assert grant.product == "nvidia-tesla-t4" and grant.memory_gib == 15.0  # T4 from the catalogue
+    log = WEIGHTS_OOM.replace("79.33 GiB", "14.58 GiB").replace("78.33 GiB", "14.0 GiB")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, vendor_pod("nvidia.com/gpu"), node)))
+    assert tp_after(result) is None
+    assert not device_changes(result)
+
+
+def test_mig_slices_get_no_tensor_parallel(tmp_path):
+    node = make_node("NVIDIA-A100-SXM4-80GB-MIG-3g.40gb", 40192, 2)
+    node["metadata"]["labels"]["nvidia.com/mig.strategy"] = "single"
+    log = WEIGHTS_OOM.replace("79.33 GiB", "39.25 GiB").replace("78.33 GiB", "38.5 GiB")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["Qwen/Qwen2-72B-Instruct"]), node)))
+    assert tp_after(result) is None
+    assert not device_changes(result)
+
+
+@pytest.mark.parametrize(("vendor", "product", "memory"), [
+    ("amd", "AMD_Instinct_MI210", 64.0), ("intel", "Intel Data Center GPU Max 1100", 48.0),
+    ("ascend", "huawei-Ascend910", 32.0), ("tpu", "tpu-v5-lite-podslice", 16.0)])
+def test_vendor_grants_read_product_memory_and_count(vendor, product, memory):
+    resource, labels = VENDORS[vendor]
+    grant = gpu_grant(vendor_pod(resource, 2), vendor_node(resource, labels, 8))
+    assert (grant.vendor, grant.resource, grant.granted, grant.on_node) == (vendor, resource, 2, 8)
+    assert grant.product == product and grant.memory_gib == memory
+
+
+def test_a_declared_device_limit_allows_the_pods_own_device_only_in_the_same_section():
+    from bot.diagnosis.models import Change
+
+    book = next(b for b in load_playbooks() if b.id == "tensor-parallel-mismatch")
+    assert book.allows(Change(kind="resources", name="limits.amd.com/gpu", after="2"))
+    assert book.allows(Change(kind="resources", name="limits.huawei.com/Ascend910", after="2"))
+    assert not book.allows(Change(kind="resources", name="requests.amd.com/gpu", after="2"))
+    assert not book.allows(Change(kind="resources", name="limits.memory", after="2"))
+    assert not book.allows(Change(kind="resources", name="limits.example.com/widget", after="2"))
