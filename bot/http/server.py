@@ -15,6 +15,7 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -229,7 +230,7 @@ class BotServer:
                 log.info("HTTP %d (%s): %s", bad.status, bad.reason, printable(bad.message))
                 body = (json.dumps({"error": bad.message}) + "\n").encode()
                 sent = await self._write(writer, response_bytes(bad.status, body, keep_alive=False))
-                if sent and bad.status == 413:  # the client is still sending its body: let it finish
+                if sent and bad.status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:  # still sending its body: let it finish
                     await self._discard_rest(reader, writer)
                 return
             first = False

@@ -98,7 +98,10 @@ def test_alertmanager_receiver_example_points_at_the_bot():
     hook = receiver["webhook_configs"][0]
     assert hook["url"] == "http://vllm-oncall.vllm-oncall.svc:8080/alerts" and hook["send_resolved"] is True
     assert hook["http_config"]["authorization"]["type"] == "Bearer"
-    route = config["route"]["routes"][0]
+    test_route, route = config["route"]["routes"][:2]
+    # first the test alert (vllm-oncall test-incident's Alertmanager twin), stopping at the bot
+    assert test_route["receiver"] == "vllm-oncall" and test_route["continue"] is False
+    assert test_route["matchers"] == [route["matchers"][0], 'vllm_oncall_test = "true"']
     assert route["receiver"] == "vllm-oncall"
     assert route["matchers"] == ['alertname =~ "KubePodCrashLooping|VLLMCrashLooping|VLLMOOMKilled"']
 
