@@ -161,3 +161,12 @@ def test_a_write_during_the_post_falls_back_to_read_modify_write(world):
     assert len(slack.posts()) == 1
     patches = [c.code for c in kube.calls if c.resource == "vllmincidents" and c.verb == "patch"]
     assert patches == [200, 409, 200], breakdown(kube.calls)  # the repeat's, ours refused, ours again
+
+
+def test_an_alert_whose_container_label_names_no_container_is_diagnosed_on_the_vllm_container(world):
+    """Alertmanager's `container` label is input: one naming no container of the pod (a rule
+    relabelled, a sidecar's name) falls back to the vLLM container instead of failing after the 200."""
+    incident = world["service"].handle_alert(AlertTarget(namespace=NS, pod=world["pod"], container="no-such-one"))
+    assert incident is not None and incident.state == "proposed"
+    assert incident.proposal is not None and incident.proposal.workload.container == "vllm"
+    assert len(world["slack"].posts()) == 1
