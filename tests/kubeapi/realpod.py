@@ -112,6 +112,9 @@ class Termination:
     started: str
     finished: str
     message: str = ""
+    # Which probe killed it (None: it exited by itself or was stopped). Kept with the termination,
+    # not only on the running container, because a restart clears the container's own field.
+    killed_by: str | None = None
 
 
 @dataclass
@@ -299,7 +302,8 @@ class RealKubelet:
         code = c.proc.wait()
         exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as the kubelet says
         c.prior = c.last
-        c.last = Termination(exit_code, "Completed" if exit_code == 0 else "Error", c.started_iso, _now())
+        c.last = Termination(exit_code, "Completed" if exit_code == 0 else "Error", c.started_iso, _now(),
+                             killed_by=c.killed_by)
         c.ready = False
         if c.stopped:
             return

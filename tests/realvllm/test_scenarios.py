@@ -133,7 +133,7 @@ def test_a_liveness_probe_that_kills_a_slow_start_gets_a_startup_probe_sized_fro
     first = world.first()
     crash = world.snapshot(first.pod)
     assert first.last is not None and first.last.exit_code == 137 and first.last.reason == "Error"
-    assert first.killed_by == "liveness"
+    assert first.last.killed_by == "liveness"  # the restart that follows clears first.killed_by
     assert "startupProbe" in json.dumps(post), json.dumps(post)[:2000]
     world.approve(post)
     assert world.wait_state({"verified", "failed"}, VERIFY_WAIT) == "verified", world.logs()
