@@ -122,6 +122,7 @@ class RecordingChat:
         self.posts: list[tuple[str, str]] = []  # (incident name, channel)
         self.updates: list[tuple[str, str, MessageRef]] = []  # (incident name, state, message)
         self.replies: list[tuple[MessageRef, Note]] = []
+        self.details: list[tuple[str, MessageRef]] = []  # (incident name, message): post_details calls
         self.told: list[tuple[str, str]] = []
         self.groups: dict[str, set[str]] = {}
         self.down = False
@@ -144,6 +145,14 @@ class RecordingChat:
             raise ChatUnavailable("conversations.history: service_unavailable")
         self.lookups.append((channel or "C0ALERTS", post_key))
         return self.keys.get((channel or "C0ALERTS", post_key))
+
+    def post_details(self, incident, message):
+        self.details.append((incident.name, message))
+
+    def find_details(self, message, incident_name):
+        if self.down:
+            raise ChatUnavailable("conversations.replies: service_unavailable")
+        return (incident_name, message) in self.details
 
     def update_incident(self, incident, message):
         if self.down:

@@ -115,6 +115,15 @@ class ChatPort(Protocol):
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         """Re-render a posted message in place from the incident's current state."""
 
+    def post_details(self, incident: Incident, message: MessageRef) -> None:
+        """The incident's details (memory picture, budget, command lines, evidence) as a reply in
+        the thread of `message`, marked so `find_details` recognises it. Never raises: the message
+        stands without it."""
+
+    def find_details(self, message: MessageRef, incident_name: str) -> bool:
+        """Whether the bot's own details reply for `incident_name` is in the thread of `message`.
+        Raises ChatUnavailable when it cannot tell."""
+
     def reply(self, thread: MessageRef, note: Note) -> None:
         """A reply in the thread of `thread`; a note with a key carries it (see find_reply)."""
 

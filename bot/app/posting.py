@@ -184,4 +184,19 @@ class Poster:
         if posted is not None and first and (recovered or (posted.alert_count, posted.pods) != (
                 incident.alert_count, incident.pods)):
             self.messages.refresh(posted)
+        if posted is not None and first and recovered:
+            self._ensure_details(posted, message)
         return posted
+
+    def _ensure_details(self, incident: Incident, message: MessageRef) -> None:
+        """A message found in the history may lack its details reply: the earlier attempt posts it
+        right after the message, so an answer lost or a kill between the two leaves it out. Post it
+        unless it is there; when the thread cannot be read, post nothing (a missing details reply
+        costs less than a second one)."""
+        try:
+            if self.chat.find_details(message, incident.name):
+                return
+        except ChatUnavailable as exc:
+            log.warning("could not check the thread of %s for its details (%s): not posting them", incident.name, exc)
+            return
+        self.chat.post_details(incident, message)

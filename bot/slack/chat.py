@@ -205,16 +205,17 @@ class SlackChat:
                          channel=channel or self.default_channel,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
         ref = MessageRef(channel=resp["channel"], message_id=resp["ts"])
-        self._post_details(incident, ref)
+        self.post_details(incident, ref)
         return ref
 
-    def _post_details(self, incident: Incident, ref: MessageRef) -> None:
+    def post_details(self, incident: Incident, message: MessageRef) -> None:
         """The thread under the message: the memory picture, the budget, the command lines and the
         full evidence. The message is posted and stands without it, so a failure here is logged,
         not raised (raising would make the caller post the message again)."""
         text, blocks = incident_thread(incident, self.redactor)
         try:
-            self.call("chat.postMessage", self.client.chat_postMessage, channel=ref.channel, thread_ts=ref.message_id,
+            self.call("chat.postMessage", self.client.chat_postMessage, channel=message.channel,
+                      thread_ts=message.message_id,
                       text=text, blocks=blocks, unfurl_links=False, unfurl_media=False,
                       metadata={"event_type": DETAILS_EVENT_TYPE, "event_payload": {"incident": incident.name}})
         except ChatUnavailable as exc:
@@ -257,6 +258,11 @@ class SlackChat:
         if self._bot is None:
             self._bot = str(self.call("auth.test", self.client.auth_test).get("bot_id") or "")
         return self._bot
+
+    def find_details(self, message: MessageRef, incident_name: str) -> bool:
+        """The bot's own details reply for `incident_name` in the thread of `message` (as find_reply)."""
+        return self._own_message("conversations.replies", self.client.conversations_replies, DETAILS_EVENT_TYPE,
+                                 "incident", incident_name, channel=message.channel, ts=message.message_id) is not None
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         text, blocks = incident_message(incident, self.redactor)

@@ -26,6 +26,7 @@ class TerminalChat:
         self.posted: list[tuple[str, str]] = []  # (what, text), for tests and the demo summary
         self._keys: dict[tuple[str, str], MessageRef] = {}  # (channel, post_key) -> the message printed
         self._replied: set[tuple[str, str, str]] = set()  # (channel, thread id, key) of keyed replies printed
+        self._details: set[tuple[str, str, str]] = set()  # (channel, message id, incident) of details printed
 
     def _print(self, banner: str, text: str) -> None:
         self.posted.append((banner, text))
@@ -37,11 +38,19 @@ class TerminalChat:
         ref = MessageRef(channel=channel or self.channel, message_id=f"{next(self._ids)}.000000")
         _, blocks = incident_message(incident, self.redactor)
         self._print(f"Message posted to {ref.channel}", blocks_to_text(blocks))
-        self._print(f"Details in the message's thread ({ref.channel})",
-                    blocks_to_text(incident_thread(incident, self.redactor)[1]))
+        self.post_details(incident, ref)
         if incident.post_key:
             self._keys[(ref.channel, incident.post_key)] = ref
         return ref
+
+    def post_details(self, incident: Incident, message: MessageRef) -> None:
+        self._print(f"Details in the message's thread ({message.channel})",
+                    blocks_to_text(incident_thread(incident, self.redactor)[1]))
+        self._details.add((message.channel, message.message_id, incident.name))
+
+    def find_details(self, message: MessageRef, incident_name: str) -> bool:
+        """Only details this process printed (as find_posted)."""
+        return (message.channel, message.message_id, incident_name) in self._details
 
     def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
         """What this process printed with `post_key` (the terminal never loses an answer, so only a

@@ -131,6 +131,18 @@ def ambiguous_then_recovered(world: PostWorld) -> None:
     assert len(top_level_posts(world.slack)) == 1, "found in the history, never posted again"
     assert world.counted("incidents_posted") == 1 and world.counted("posts_recovered") == 1
     assert "found in the history of" in world.store.get(incident.name).history[-1]
+    # the earlier attempt's answer was lost before it could post the details: the recovery posts them, once
+    assert_details_once(world, incident.name)
+
+
+def assert_details_once(world: PostWorld, name: str) -> None:
+    """The message's thread holds exactly one details reply for the incident (by its metadata)."""
+    message = world.store.get(name).message_id
+    details = [c for c in world.slack.details() if c.params.get("thread_ts") == message]
+    assert len(details) == 1, f"{len(details)} details replies under the message"
+    assert details[0].params["metadata"]["event_payload"] == {"incident": name}
+    world.sweep_past_the_lease()  # a later sweep finds the message posted: nothing more in its thread
+    assert len([c for c in world.slack.details() if c.params.get("thread_ts") == message]) == 1
 
 
 def test_slack_slower_than_the_client_timeout_gives_one_message(kube_api, slack):
@@ -163,6 +175,22 @@ def test_a_kill_after_slack_posted_is_recovered_by_a_second_instance_without_a_s
     assert len(top_level_posts(slack)) == 1
     assert second.counted("incidents_posted") == 1 and second.counted("posts_recovered") == 1
     assert slack.delivered("chat.update"), "the recovered message is re-rendered from the incident as it is now"
+    # the dying attempt had posted its details before the kill: the recovery looks and posts none
+    assert slack.attempts("conversations.replies")
+    assert_details_once(second, stored.name)
+
+
+def test_a_recovered_message_whose_thread_cannot_be_read_gets_no_second_details(kube_api, slack):
+    clock = Clock()
+    dying = PostWorld(kube_api, slack, clock, wrap=lambda chat: DiesMidPost(chat, "after"))
+    with pytest.raises(Killed):
+        dying.alert("vllm-a")
+    [stored] = dying.store.list()
+    slack.fail_next("conversations.replies", status=503, error="service_unavailable", retry_after=None, times=100)
+    second = PostWorld(kube_api, slack, clock, fresh=False)
+    second.sweep_past_the_lease()
+    assert_one_message(second, stored.name)
+    assert len(slack.details()) == 1, "cannot tell whether the details are there: none posted again"
 
 
 def test_a_kill_before_the_post_reached_slack_gives_exactly_one_message_after_the_sweep(kube_api, slack):
