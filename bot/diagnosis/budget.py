@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -138,6 +139,15 @@ class StageCheck(Frozen):
         return round(self.have_gib - self.need_gib, 2)
 
 
+class KvSource(StrEnum):
+    """Where a fit's KV pool and tokens-that-fit come from: what the table says beside them."""
+
+    LOG = "measured: vLLM's log"  # the configuration that ran, vLLM's own figures
+    LOG_AND_CHANGE = "measured, then this change"  # the logged pool moved by what the change moves
+    ESTIMATE = "estimate"  # the model of vLLM's sizing, nothing logged to anchor it
+    NONE = "not judged"
+
+
 class Fit(Frozen):
     """The verdict for one configuration: fits / fails (and where first) / unknown (no capacity)."""
 
@@ -150,6 +160,8 @@ class Fit(Frozen):
     kv_available_gib: float | None = None
     kv_needed_gib: float | None = None
     max_len_that_fits: int | None = None
+    kv_source: KvSource = KvSource.NONE  # where kv_available_gib comes from
+    tokens_source: KvSource = KvSource.NONE  # where max_len_that_fits comes from
     checks: list[StageCheck] = Field(default_factory=list)
     figures: dict[str, Figure] = Field(default_factory=dict)
     assumptions: list[str] = Field(default_factory=list)  # figures that are defaults or estimates
@@ -385,7 +397,8 @@ class Budget(Frozen):
                    weights_fit=weights_check.ok if weights_check else None,
                    kv_fits=kv_check.ok if kv_check and kv.needed is not None else None,
                    kv_available_gib=round(kv.available, 2), kv_needed_gib=kv.needed,
-                   max_len_that_fits=kv.max_len, checks=checks, figures=figures, assumptions=assumptions)
+                   max_len_that_fits=kv.max_len, kv_source=kv.source, tokens_source=kv.tokens_source, checks=checks, figures=figures,
+                   assumptions=assumptions)
 
     def baseline(self) -> Fit:
         """The configuration that ran, checked against its own evidence."""
@@ -569,22 +582,68 @@ class _Kv(Frozen):
     available: float
     needed: float | None = None
     max_len: int | None = None
+    source: KvSource = KvSource.ESTIMATE
+    tokens_source: KvSource = KvSource.ESTIMATE
+
+
+def _measured_tokens(b: Budget) -> int | None:
+    """The tokens the KV cache held as it ran, as vLLM printed them: its KV cache size, its blocks
+    x block size, or its estimate of the longest context that fits."""
+    log = b.inputs.log
+    if log.kv_tokens:
+        return log.kv_tokens
+    if log.gpu_blocks:
+        return log.gpu_blocks * b.inputs.ran.block_size
+    return log.estimated_max_len or None
+
+
+def _measured_pool(b: Budget, per_token: Figure | None) -> float | None:
+    """The KV pool (GiB per GPU) as it ran: the one vLLM printed, else its tokens x bytes per token."""
+    log = b.inputs.log
+    if log.available_kv_gib is not None and log.available_kv_gib > 0:
+        return log.available_kv_gib
+    tokens = _measured_tokens(b)
+    if tokens and per_token is not None and per_token.value > 0:
+        return tokens * per_token.value / GIB
+    return None
+
+
+def _computed_pool(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[float, str]:
+    """The KV pool the model of vLLM's sizing gives: budget - weights - overhead (- graphs - others)."""
+    weights, overhead, graph = f["weights"].value, f["overhead"].value, f["graph"].value
+    available = f["budget"].value - weights - overhead
+    how = f"budget {_gib(f['budget'].value)} - weights {_gib(weights)} - overhead {_gib(overhead)}"
+    if b.rules.counts_graphs:
+        available -= graph
+        how += f" - CUDA graphs {_gib(graph)}"
+    if b.rules.subtracts_others and f["others"].value:
+        available -= f["others"].value
+        how += f" - other processes {_gib(f['others'].value)}"
+    return available, how
+
+
+def _anchored_pool(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[float, str, KvSource]:
+    """(pool GiB, how, where from). What vLLM printed wins over the estimate: as it ran the pool is
+    the logged one; a candidate gets the logged pool plus what the change moves in the estimate
+    (so a shorter context keeps the measured pool instead of the model's guess of it)."""
+    if config.kv_cache_memory_bytes:
+        available = config.kv_cache_memory_bytes / GIB
+        return available, f"--kv-cache-memory-bytes pins {_gib(available)}", KvSource.ESTIMATE
+    computed, how = _computed_pool(b, config, f)
+    measured = _measured_pool(b, f.get("kv_bytes_per_token"))
+    if measured is None:
+        return computed, how, KvSource.ESTIMATE
+    if config == b.inputs.ran:
+        return measured, f"measured: {_gib(measured)} as vLLM sized it", KvSource.LOG
+    ran_figures = b.figures(b.inputs.ran)
+    ran_computed, _ = _computed_pool(b, b.inputs.ran, ran_figures) if "budget" in ran_figures else (computed, "")
+    delta = computed - ran_computed
+    return (measured + delta, f"measured {_gib(measured)} {'+' if delta >= 0 else '-'} {_gib(abs(delta))} this change moves",
+            KvSource.LOG_AND_CHANGE)
 
 
 def _kv_picture(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[_Kv, str]:
-    weights, overhead, graph = f["weights"].value, f["overhead"].value, f["graph"].value
-    if config.kv_cache_memory_bytes:
-        available = config.kv_cache_memory_bytes / GIB
-        how = f"--kv-cache-memory-bytes pins {_gib(available)}"
-    else:
-        available = f["budget"].value - weights - overhead
-        how = f"budget {_gib(f['budget'].value)} - weights {_gib(weights)} - overhead {_gib(overhead)}"
-        if b.rules.counts_graphs:
-            available -= graph
-            how += f" - CUDA graphs {_gib(graph)}"
-        if b.rules.subtracts_others and f["others"].value:
-            available -= f["others"].value
-            how += f" - other processes {_gib(f['others'].value)}"
+    available, how, source = _anchored_pool(b, config, f)
     per_token, length = f.get("kv_bytes_per_token"), f.get("max_model_len")
     needed = max_len = None
     if per_token is not None and per_token.value > 0:
@@ -592,7 +651,11 @@ def _kv_picture(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[_Kv, s
         max_len = max(0, int(available * GIB / per_token.value) // block * block)
         if length is not None:
             needed = round(math.ceil(length.value / block) * block * per_token.value / GIB, 2)
-    return _Kv(available=available, needed=needed, max_len=max_len), how
+    tokens, tokens_source = _measured_tokens(b), source
+    if config == b.inputs.ran and tokens:
+        # vLLM's own count wins over the pool divided by a rounded (or guessed) bytes-per-token
+        max_len, tokens_source = tokens, KvSource.LOG
+    return _Kv(available=available, needed=needed, max_len=max_len, source=source, tokens_source=tokens_source), how
 
 
 def _memory_checks(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[list[StageCheck], _Kv]:
@@ -609,7 +672,9 @@ def _memory_checks(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[lis
     checks.append(StageCheck(stage="profiling", ok=weights + overhead <= physical, need_gib=round(weights + overhead, 2),
                              have_gib=physical, detail=f"weights + activation peak and non-torch ({f['overhead'].detail})"))
     need = kv.needed if kv.needed is not None else 0.0
-    checks.append(StageCheck(stage="kv_sizing", ok=kv.available > 0 and kv.available >= need, need_gib=need,
+    length = f.get("max_model_len")
+    holds = kv.tokens_source != KvSource.LOG or kv.max_len is None or length is None or kv.max_len >= length.value
+    checks.append(StageCheck(stage="kv_sizing", ok=kv.available > 0 and kv.available >= need and holds, need_gib=need,
                              have_gib=round(kv.available, 2),
                              detail=f"KV cache {how}; one max-model-len sequence needs {_gib(need)}"))
     in_use = weights + overhead + max(0.0, kv.available)

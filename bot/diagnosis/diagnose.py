@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.diagnosis import cmdline, levers, render
+from bot.diagnosis.budget import KvSource
 from bot.diagnosis.catalogue import CatalogueError, load_bundle_config
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, device_target, run_formula
@@ -56,7 +57,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         gpu=_gpu_line(memory, node),
         restarts=container.restart_count if container else None,
         command_before=parsed.argv(),
-        memory_picture=render.memory_picture(signals),
+        memory_picture=render.memory_picture(signals, _measured_kv(memory, signals)),
         facts=_public_facts(signals),
         stage=signals.get("stage"),
     )
@@ -91,6 +92,15 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         )
 
     return _unknown(facts, signals, base)
+
+
+def _measured_kv(memory: levers.MemoryModel, signals: Signals) -> float | None:
+    """The KV pool as it ran when vLLM's log measured it (the budget's figure, for the picture);
+    the logged figure itself when the budget cannot be judged (no capacity or weights)."""
+    base = memory.baseline()
+    if base.kv_source == KvSource.LOG:
+        return base.kv_available_gib
+    return signals.get("available_kv_gib") if base.verdict == "unknown" else None
 
 
 def _slice_capacity(memory: levers.MemoryModel, signals: Signals) -> None:

@@ -23,8 +23,10 @@ SEGMENTS = [  # (label, bar character)
 ]
 
 
-def memory_picture(signals: Signals) -> str:
-    """One GPU's budget from the numbers the log gave; empty when it gave too few."""
+def memory_picture(signals: Signals, kv_gib: float | None = None) -> str:
+    """One GPU's budget from the numbers the log gave; empty when it gave too few. `kv_gib`: the
+    budget's KV pool as it ran (the log's own, or its blocks x bytes per token), so the picture and
+    the budget table show one KV figure."""
     total = signals.get("gpu_total_gib")
     if not total:
         return ""
@@ -37,7 +39,7 @@ def memory_picture(signals: Signals) -> str:
         "activations": activation,
         "non-torch": signals.get("non_torch_gib"),
         "CUDA graphs": signals.get("graph_gib"),
-        "KV cache": signals.get("available_kv_gib") if (signals.get("available_kv_gib") or 0) > 0 else None,
+        "KV cache": kv_gib if kv_gib is not None and kv_gib > 0 else None,
     }
     if not any(parts[k] for k in ("weights", "activations", "KV cache")) and signals.get("oom_tried_gib") is not None:
         return _oom_picture(signals, total)
@@ -132,10 +134,15 @@ def _verdict(fit: Fit) -> str:
         f" ({-fit.margin_gib:.2f} GiB short)" if fit.margin_gib is not None and fit.margin_gib < 0 else "")
 
 
+TAGS = {"measured: vLLM's log": "(log)", "measured, then this change": "(log + change)", "estimate": "(estimate)"}
+
+
 def _column(fit: Fit) -> list[str]:
+    """One column of the budget table; the KV pool and the tokens say whether vLLM measured them."""
     f = fit.figures
-    kv = f"{fit.kv_available_gib:.2f} GiB" if fit.kv_available_gib is not None else "?"
-    length = f"{fit.max_len_that_fits:,}" if fit.max_len_that_fits is not None else "?"
+    kv = f"{fit.kv_available_gib:.2f} GiB {TAGS.get(fit.kv_source, '')}".rstrip() if fit.kv_available_gib is not None else "?"
+    length = (f"{fit.max_len_that_fits:,} {TAGS.get(fit.tokens_source, '')}".rstrip()
+              if fit.max_len_that_fits is not None else "?")
     return [f"{f['weights'].value:.2f} GiB" if "weights" in f else "?", kv, length, _verdict(fit)]
 
 
