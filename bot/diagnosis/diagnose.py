@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bot.diagnosis import cmdline, levers, render
+from bot.diagnosis import cmdline, impact, levers, render
 from bot.diagnosis.budget import KvSource
 from bot.diagnosis.catalogue import CatalogueError, load_bundle_config
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
@@ -72,11 +72,9 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         if not all(_holds(c, signals, facts, matched_lines) for c in book.when):
             continue
         problem = levers.software_problem(memory, signals)
-        if problem:
-            fixed: FixResult = ([], [problem], None, [], "")
-        else:
-            fixed = _first_fix(book, ctx)
+        fixed: FixResult = ([], [problem], None, [], "") if problem else _first_fix(book, ctx)
         changes, arithmetic, note, cautions, advice = fixed
+        impact.record_change(memory, changes)
         picture = _picture(memory, signals, base["memory_picture"], bool(changes))
         new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
         return DiagnosisResult(
@@ -88,6 +86,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
             confidence=("medium" if cautions and book.confidence == "high" else book.confidence) if changes else "low",
             command_after=list(new_command or []) + list(new_args or []),
             advice=advice,
+            alternative=impact.alternative(memory, changes) if changes else "",
             **{**base, "memory_picture": picture},
         )
 

@@ -124,6 +124,7 @@ class DiagnosisResult(Frozen):
     stage: str | None = None
     memory_picture: str = ""
     advice: str = ""  # what would work but is no change to this pod (bigger GPUs, a quantized model): no button
+    alternative: str = ""  # the answer to the obvious alternative to the change, from the same budget
     command_before: list[str] = Field(default_factory=list)  # full argv as the container runs it
     command_after: list[str] = Field(default_factory=list)
     container: str | None = None

@@ -117,6 +117,9 @@ def render_text(d: DiagnosisResult) -> str:
         for c in other:
             if c.kind == "probe" and c.after:
                 out.append(f"  {c.name}: {json.dumps(json.loads(c.after))}")
+        if d.alternative:
+            out.append("")
+            out.append("Instead? " + d.alternative)
     else:
         out.append("No change proposed.")
     if d.advice:

@@ -280,6 +280,8 @@ def incident_thread(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[s
         blocks.append(_section("*Why*\n" + escape(d.explanation)))
     if d.memory_picture:
         blocks.append(_section("*GPU memory and budget*\n" + code_block(d.memory_picture)))
+    if d.alternative:
+        blocks.append(_section("*Instead?* " + escape(d.alternative), block_id="alternative"))
     if d.advice:
         blocks.append(_section("*What would fit* (advice, not a change to approve)\n" + escape(d.advice),
                                block_id="advice"))
