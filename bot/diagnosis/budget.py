@@ -105,6 +105,9 @@ class LogFigures(Frozen):
     free_at_start_gib: float | None = None  # "Free memory on device (F/T GiB) on startup"
     other_processes_gib: float | None = None  # memory held by other processes at the OOM
     kv_cache_memory_gib: float | None = None  # the pinned pool vLLM reported
+    # the tokens the KV cache held, as the signals read them (error text, vLLM's estimate, blocks x
+    # block size, or the KV size line): the same figure the explanation quotes
+    kv_capacity_tokens_effective: int | None = None
 
 
 class BudgetInputs(Frozen):
@@ -590,6 +593,8 @@ def _measured_tokens(b: Budget) -> int | None:
     """The tokens the KV cache held as it ran, as vLLM printed them: its KV cache size, its blocks
     x block size, or its estimate of the longest context that fits."""
     log = b.inputs.log
+    if log.kv_capacity_tokens_effective:
+        return log.kv_capacity_tokens_effective
     if log.kv_tokens:
         return log.kv_tokens
     if log.gpu_blocks:
