@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint eval bench tools alertmanager promtool wheel clean lock vllm vllm-test vllm-fixtures
+.PHONY: demo test lint eval bench tools alertmanager promtool wheel clean lock vllm vllm-test vllm-fixtures slack-messages
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ vllm-test: $(BIN)/.installed vllm
 # (tests/fixtures/realvllm/), machine paths scrubbed: after a vLLM upgrade (VLLM_VERSION=...), one run.
 vllm-fixtures: $(BIN)/.installed vllm
 	VLLM_ONCALL_WRITE_FIXTURES=1 $(BIN)/python -m pytest -m realvllm -n 0 tests/realvllm
+
+# docs/slack.md's rendered messages (KV cache, weights/TP, no change with advice), after a change
+# to the message or the diagnosis; tests/slack/test_slack_doc.py fails while they are stale.
+slack-messages: $(BIN)/.installed
+	$(BIN)/python tests/tools/slack_messages.py
 
 # The static checks CI runs before the tests: the layer contracts, ruff, mypy (all configured in pyproject.toml).
 lint: $(BIN)/.installed

@@ -660,6 +660,13 @@ def _kv_picture(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[_Kv, s
     if config == b.inputs.ran and tokens:
         # vLLM's own count wins over the pool divided by a rounded (or guessed) bytes-per-token
         max_len, tokens_source = tokens, KvSource.LOG
+    elif source == KvSource.LOG_AND_CHANGE and tokens and per_token is not None and per_token.value > 0:
+        # vLLM's count scaled by what the change does to the pool: a change that leaves the pool
+        # as it was (a shorter context) keeps vLLM's very figure, not one rounded differently
+        pool = _measured_pool(b, per_token) or 0.0
+        same = pool > 0 and abs(available - pool) < 0.005
+        max_len = tokens if same else max(0, int(tokens * available / pool) // config.block_size * config.block_size) \
+            if pool > 0 else max_len
     return _Kv(available=available, needed=needed, max_len=max_len, source=source, tokens_source=tokens_source), how
 
 
