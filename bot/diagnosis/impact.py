@@ -114,6 +114,9 @@ def _more_utilization_instead(model: MemoryModel, base: Fit) -> str:
     ran_util = base.figures["utilization"].value
     ceiling, others = _ceiling(model, base)
     flag = "raising --gpu-memory-utilization"
+    if model.ran.kv_cache_memory_bytes and base.kv_available_gib is not None:
+        return (f"{flag} cannot help: --kv-cache-memory-bytes pins the KV cache at {_gib(base.kv_available_gib)}, "
+                "whatever the utilization.")
     if ceiling <= ran_util:
         if ceiling < HIGHEST_UTILIZATION:
             return (f"{flag} cannot help: {_gib(others)} of this GPU is held by another process, "

@@ -107,3 +107,11 @@ def test_after_config_reads_the_flags_the_budget_sizes_from():
     after = after_config(ran, changes)
     assert after == Config(gpu_memory_utilization=0.7, max_model_len=16384, enforce_eager=True, gpu_count=2)
     assert after_config(ran, changes[3:]) is None  # nothing the budget reads: no 'with the change' column
+
+
+def test_a_pinned_kv_pool_answers_utilization_with_the_pin():
+    d = diagnosed("kv-pinned-pool-0.19")
+    rows = table(d.memory_picture)
+    assert rows["KV cache"][0].startswith("4.00 GiB") and "with the change" in d.memory_picture
+    assert d.alternative == ("raising --gpu-memory-utilization cannot help: --kv-cache-memory-bytes pins the KV cache "
+                             "at 4.00 GiB, whatever the utilization.")
