@@ -16,6 +16,7 @@ from bot.app.records import ApplyResult, Incident, MessageRef, Note, Verificatio
 from bot.app.verdict import Diagnoser
 from bot.app.workload_ops import ChangeToUndo
 from bot.diagnosis.models import DiagnosisResult, Evidence
+from bot.remedy.impact import Histogram
 from bot.remedy.models import Proposal, WorkloadRef
 
 
@@ -139,3 +140,12 @@ class ChatPort(Protocol):
     def actor(self, user: str) -> str:
         """Who `user` is, for the audit annotation and Event on the workload: a name and the
         chat's id for them. Never raises: without a name (the chat is down), the id alone."""
+
+
+class TrafficHistory(Protocol):
+    """The workload's own request histograms over a window (bot.kube.prometheus.PrometheusTraffic):
+    what a new limit would have refused. Raises on an unreachable or refusing source; the
+    caller says then that the impact cannot be known."""
+
+    def histograms(self, namespace: str, workload: str, metrics: list[str], hours: float) -> dict[str, Histogram | None]:
+        """Per metric, its cumulative buckets summed over the workload's pods, or None: no series."""

@@ -9,10 +9,11 @@ from typing import Any
 
 from bot.app.incidents import incident_name
 from bot.app.policy import PROPOSALS_ONLY, Policy
-from bot.app.ports import ClusterPort
+from bot.app.ports import ClusterPort, TrafficHistory
 from bot.app.state import IncidentState
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.models import DiagnosisResult, Evidence, revised
+from bot.remedy.impact import GENERATION, MAX_MODEL_LEN, PROMPT, Impact, max_model_len_impact, not_known
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.remedy.plan import redact_proposal
 
@@ -28,10 +29,32 @@ def open_state(proposal: Proposal | None) -> IncidentState:
     return IncidentState.PROPOSED if offers_button(proposal) else IncidentState.DIAGNOSED
 
 
+IMPACT_HOURS = 24.0  # the window of traffic a new limit is measured against
+
+
+def impact_of(proposal: Proposal, traffic: TrafficHistory | None) -> Impact | None:
+    """What a new --max-model-len would have refused of the last IMPACT_HOURS of the workload's
+    traffic, or why that cannot be known; None when the proposal sets no such limit."""
+    limit = next((int(c.after) for c in proposal.changes
+                  if c.name == MAX_MODEL_LEN and c.after and c.after.isdigit()), None)
+    if limit is None:
+        return None
+    if traffic is None:
+        return not_known(MAX_MODEL_LEN, limit, "no Prometheus is configured to read vLLM's request histograms from",
+                         IMPACT_HOURS)
+    w = proposal.workload
+    try:
+        found = traffic.histograms(w.namespace, w.name, [PROMPT, GENERATION], IMPACT_HOURS)
+    except Exception as exc:  # information, never a reason not to propose: say why it is unknown
+        return not_known(MAX_MODEL_LEN, limit, str(exc), IMPACT_HOURS)
+    return max_model_len_impact(found.get(PROMPT), found.get(GENERATION), limit, IMPACT_HOURS)
+
+
 class Proposer:
     def __init__(self, cluster: ClusterPort, diagnose: Callable[[Evidence], DiagnosisResult], policy: Policy,
-                 clock: Callable[[], datetime]):
+                 clock: Callable[[], datetime], traffic: TrafficHistory | None = None):
         self.cluster, self._diagnose, self.policy, self.clock = cluster, diagnose, policy, clock
+        self.traffic = traffic  # None: no Prometheus, the impact of a new limit cannot be known
 
     def diagnose(self, evidence: Evidence) -> DiagnosisResult:
         """The core's diagnosis, with the header facts (node, GPU, restarts) filled from the
@@ -57,7 +80,8 @@ class Proposer:
             return None
         # The configured time-to-live wins over whatever the cluster side suggested.
         created = self.clock()
-        update: dict[str, object] = {"created_at": created, "expires_at": created + self.policy.proposal_ttl}
+        update: dict[str, object] = {"created_at": created, "expires_at": created + self.policy.proposal_ttl,
+                                     "impact": impact_of(proposal, self.traffic)}
         if self.policy.proposals_only:
             update["approvals_off"] = PROPOSALS_ONLY
         # Sealed as it will be stored and shown: secrets in command lines and patch values masked

@@ -27,7 +27,7 @@ from bot.app.intake import Intake
 from bot.app.messages import Messages
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy, utcnow
-from bot.app.ports import ChatPort, ClusterPort, IncidentStore
+from bot.app.ports import ChatPort, ClusterPort, IncidentStore, TrafficHistory
 from bot.app.posting import Poster
 from bot.app.proposals import Proposer
 from bot.app.records import AlertTarget, Incident, MessageRef
@@ -45,7 +45,8 @@ class OncallService:
                  metrics: Metrics | None = None,
                  diagnose: Callable[[Evidence], DiagnosisResult] = default_diagnose,
                  run_later: Callable[[Callable[[], object]], object] | None = None,
-                 clock: Callable[[], datetime] = utcnow, verify_steps: VerifySteps | None = None):
+                 clock: Callable[[], datetime] = utcnow, verify_steps: VerifySteps | None = None,
+                 traffic: TrafficHistory | None = None):
         self.cluster, self.store, self.chat = cluster, store, chat
         self.policy = policy or Policy()
         self.metrics = metrics or Metrics()
@@ -57,7 +58,7 @@ class OncallService:
         cas = IncidentCas(store, clock)
         messages = Messages(chat, self.metrics)
         self.approvers = Approvers(self.policy, chat)
-        proposer = Proposer(cluster, diagnose, self.policy, clock)
+        proposer = Proposer(cluster, diagnose, self.policy, clock, traffic)
         self.posting = Poster(cluster.name, store, chat, cas, messages, self.metrics, self.policy, clock)
         self.intake = Intake(cluster, store, cas, proposer, self.posting, messages, self.metrics, clock)
         self.why = Why(cluster, store, chat, cas, self.intake, proposer, self.posting, self.metrics, self.policy,

@@ -56,7 +56,7 @@ from bot.http.server import BotServer
 from bot.kube.api import KubeApi
 from bot.kube.incidents import KubeIncidentStore
 from bot.kube.live import LiveCluster
-from bot.kube.prometheus import Prometheus
+from bot.kube.prometheus import Prometheus, PrometheusTraffic
 from bot.kube.verify import ServingChecks
 from bot.kube.watch import PodWatch, WatchSettings
 from bot.llm.wording import Commentator
@@ -179,6 +179,11 @@ class Parts:
             return KubeIncidentStore(self.api(client), s.incident_namespace_or_default(), **redactor)
         return FolderIncidentStore(s.state_dir / "incidents", **redactor)
 
+    def traffic(self) -> PrometheusTraffic | None:
+        """vLLM's request histograms, from the Prometheus that verification reads GPU memory from."""
+        url = self.settings.verify.prometheus_url
+        return PrometheusTraffic(Prometheus(url)) if url else None
+
     def verify_steps(self, cluster: ClusterPort) -> VerifySteps:
         """Steps 3 and 4 of verification (a completion request, a soak) on a live cluster, a new
         crash re-diagnosed with the operator's playbooks; a local cluster has no pods to ask, so
@@ -217,7 +222,7 @@ def build(settings: Settings) -> Wiring:
         client = parts.client(name)
         cluster, store = parts.cluster(name, client), parts.store(client)
         service = OncallService(cluster, store, chat, policy, metrics, diagnose=diagnose,
-                                verify_steps=parts.verify_steps(cluster))
+                                verify_steps=parts.verify_steps(cluster), traffic=parts.traffic())
         if commentary is not None:
             service.intake.commentary = Commentary(commentary, service.intake.messages)
         clusters.append(ClusterWiring(name, cluster, store, service))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,6 +24,8 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
+
+from bot.remedy.impact import Bucket, Histogram
 
 log = logging.getLogger("bot.kube.prometheus")
 
@@ -47,6 +51,23 @@ class QueryRangeAnswer(BaseModel):
     error: str | None = None
 
 
+class Sample(BaseModel):
+    metric: dict[str, str] = Field(default_factory=dict)
+    value: tuple[float, str]
+
+
+class VectorData(BaseModel):
+    resultType: Literal["vector"]
+    result: list[Sample] = Field(default_factory=list)
+
+
+class QueryAnswer(BaseModel):
+    status: Literal["success", "error"]
+    data: VectorData | None = None
+    errorType: str | None = None
+    error: str | None = None
+
+
 class PrometheusError(RuntimeError):
     """Prometheus could not be asked, or refused the query; the message says which."""
 
@@ -55,16 +76,31 @@ class Prometheus:
     def __init__(self, url: str, timeout: float = 10.0):
         self.url, self.timeout = url.rstrip("/"), timeout
 
-    def query_range(self, query: str, start: datetime, end: datetime, step_seconds: float) -> list[Series]:
-        params = urllib.parse.urlencode({"query": query, "start": f"{start.timestamp():.3f}",
-                                         "end": f"{end.timestamp():.3f}", "step": f"{max(step_seconds, 0.001):g}s"})
+    def _get(self, path: str, params: dict[str, str]) -> bytes:
         try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{params}", timeout=self.timeout) as r:
-                raw = r.read()
+            with urllib.request.urlopen(f"{self.url}{path}?{urllib.parse.urlencode(params)}",
+                                        timeout=self.timeout) as r:
+                return bytes(r.read())
         except urllib.error.HTTPError as exc:
-            raw = exc.read()  # a 400/422 carries Prometheus's own error
+            return bytes(exc.read())  # a 400/422 carries Prometheus's own error
         except (OSError, ValueError) as exc:
             raise PrometheusError(f"Prometheus at {self.url} could not be asked: {exc}") from None
+
+    def query(self, query: str) -> list[Sample]:
+        """An instant query, evaluated now."""
+        raw = self._get("/api/v1/query", {"query": query})
+        try:
+            answer = QueryAnswer.model_validate(json.loads(raw))
+        except ValueError as exc:
+            raise PrometheusError(f"Prometheus at {self.url} sent an answer that is not an instant query's: "
+                                  f"{str(exc).splitlines()[0]}") from None
+        if answer.status != "success" or answer.data is None:
+            raise PrometheusError(f"Prometheus refused the query: {answer.errorType}: {answer.error}")
+        return answer.data.result
+
+    def query_range(self, query: str, start: datetime, end: datetime, step_seconds: float) -> list[Series]:
+        raw = self._get("/api/v1/query_range", {"query": query, "start": f"{start.timestamp():.3f}",
+                                                "end": f"{end.timestamp():.3f}", "step": f"{max(step_seconds, 0.001):g}s"})
         try:
             answer = QueryRangeAnswer.model_validate(json.loads(raw))
         except ValueError as exc:
@@ -133,3 +169,34 @@ def gpu_memory_trend(prom: Prometheus, node: str | None, namespace: str, pod: st
             free = {_key(s): s for s in prom.query_range(f"{FREE}{sel}", start, end, step)}
             return [_trend(s, free.get(_key(s))) for s in sorted(used, key=_key) if s.values]
     return []
+
+
+# ---- the workload's own traffic: vLLM's request histograms (the impact of a new limit) --------
+
+
+def workload_selector(namespace: str, workload: str) -> str:
+    """The workload's pods as Prometheus's Kubernetes discovery labels them (`namespace`, `pod`):
+    a Deployment's pods are <name>-<hash>-<id>, a StatefulSet's <name>-<n>."""
+    pods = re.escape(workload).replace("\\", "\\\\")
+    return f'{{namespace="{namespace}",pod=~"{pods}-.+"}}'
+
+
+class PrometheusTraffic:
+    """The cluster side of bot.app.ports.TrafficHistory: vLLM's histograms summed over the
+    workload's pods, `increase` over the window (counter resets of crashed pods included)."""
+
+    def __init__(self, prometheus: Prometheus):
+        self.prometheus = prometheus
+
+    def histograms(self, namespace: str, workload: str, metrics: list[str], hours: float) -> dict[str, Histogram | None]:
+        sel = workload_selector(namespace, workload)
+        found: dict[str, Histogram | None] = {}
+        for metric in metrics:
+            samples = self.prometheus.query(f"sum by (le) (increase({metric}_bucket{sel}[{hours:g}h]))")
+            buckets = [Bucket(le=_le(s.metric.get("le", "+Inf")), count=float(s.value[1])) for s in samples]
+            found[metric] = Histogram(metric=metric, buckets=buckets) if buckets else None
+        return found
+
+
+def _le(text: str) -> float:
+    return math.inf if text in ("+Inf", "Inf") else float(text)

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bot.diagnosis.models import Change, revised
+from bot.remedy.impact import Impact
 
 
 class Model(BaseModel):
@@ -55,6 +56,9 @@ class Proposal(Model):
     # sha256 of `content()`; set by `sealed()`. The Approve button carries it, so a click applies
     # only the record that message showed; "" on records written before digests existed.
     digest: str = ""
+    # What the new limit would have refused of the workload's recent traffic (bot.remedy.impact);
+    # information for the approver, not part of the change, so not in content() or the digest.
+    impact: Impact | None = None
 
     def target(self) -> dict[str, Any]:
         """The object the patch goes to."""

@@ -245,6 +245,9 @@ def _decision_text(incident: Incident, d: DiagnosisResult) -> str:
     for c, line in changes:
         effect = change_effect(c, d.explanation)
         lines.append(f"*Change:* {inline_code(line)}" + (f": {escape(effect)}" if effect else ""))
+    measured = p.impact.headline() if p is not None and p.impact is not None else None
+    if measured:  # unmeasured: the thread says why it cannot be known
+        lines.append(f"*Impact:* {escape(measured)}")
     return cause + "\n" + "\n".join(lines)
 
 
@@ -286,6 +289,8 @@ def incident_thread(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[s
         blocks.append(_section("*What would fit* (advice, not a change to approve)\n" + escape(d.advice),
                                block_id="advice"))
     p = incident.proposal
+    if p is not None and p.impact is not None:
+        blocks.append(_section("*Impact on the last day's traffic*\n" + escape(p.impact.sentence()), block_id="impact"))
     before, after = (p.command_before, p.command_after) if p else (d.command_before, d.command_after)
     if d.cause and after and after != before:
         blocks.append(_section("*Command line before*\n" + code_block(command_line(before), 1400)

@@ -24,7 +24,7 @@ NS = "inference"
 
 
 class RealPrometheus:
-    def __init__(self, target: str, folder):
+    def __init__(self, target: str, folder, job: str = "dcgm-exporter", honor_labels: bool = False):
         binary = require("prometheus", "apt-get install prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -34,7 +34,8 @@ global:
   scrape_interval: 1s
   evaluation_interval: 1s
 scrape_configs:
-  - job_name: dcgm-exporter
+  - job_name: {job}
+    honor_labels: {str(honor_labels).lower()}
     static_configs:
       - targets: ["{target}"]
 """)

@@ -40,8 +40,9 @@ INFO 11-30 05:10:01 [kv_cache_utils.py:1091] Maximum concurrency for 18,432 toke
 
 class World:
     def __init__(self, new_pod_log: str = READY_LOG, soak: float = 0.3, request_timeout: float = 5.0,
-                 probe_time: dict | None = None):
+                 probe_time: dict | None = None, traffic=None):
         self.probe_time = probe_time or {}  # the probe's clock and sleep, when the test drives them
+        self.traffic = traffic  # the workload's request histograms (bot.app.ports.TrafficHistory), if any
         self.kube, self.slack = FakeKube().start(), SlackStandIn().start()
         self.vllm = ScriptedVllm(model=MODEL).start()
         self.kube.default_pod_backend = self.vllm.url
@@ -60,7 +61,7 @@ class World:
                              chat, Policy(approver_users=frozenset({APPROVER}), verify_timeout_seconds=10),
                              metrics=chat.metrics, run_later=run_later, **({"clock": clock} if clock else {}),
                              verify_steps=VerifySteps(probe=probe, request_timeout_seconds=self.steps.request_timeout_seconds,
-                                                      soak_seconds=self.steps.soak_seconds))
+                                                      soak_seconds=self.steps.soak_seconds), traffic=self.traffic)
 
     def open_and_approve(self) -> str:
         incident = self.service.handle_alert(AlertTarget(namespace=NS, pod=self.pod["metadata"]["name"],

@@ -1,0 +1,70 @@
+"""A small exporter serving vLLM's own request histograms, for a real Prometheus to scrape.
+
+Names and buckets as vLLM's /metrics prints them (`vllm:request_prompt_tokens` and
+`vllm:request_generation_tokens`, cumulative `_bucket{le=...}` counters, `_count`, `_sum`,
+labelled `model_name`). In a cluster Prometheus's Kubernetes discovery adds `namespace` and
+`pod`; here the exporter prints them and the scrape keeps them (`honor_labels: true`).
+
+The counters start at zero and jump to the served buckets when `serve()` is called, so the
+window's `increase` is the served counts (a counter's first sample is where it starts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from standin_http import QuietHandler, StandInServer
+
+METRICS = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+
+
+@dataclass
+class PodTraffic:
+    namespace: str
+    pod: str
+    model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    # metric -> [(le, cumulative count)], the last le "+Inf"
+    buckets: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+class VllmMetricsExporter:
+    def __init__(self, pods: list[PodTraffic]):
+        self.pods = pods
+        self.serving = False  # False: every counter at zero
+        self.server: StandInServer | None = None
+
+    def serve(self) -> None:
+        self.serving = True
+
+    def text(self) -> str:
+        lines: list[str] = []
+        for metric in METRICS:
+            lines += [f"# HELP {metric} Number of tokens per finished request.", f"# TYPE {metric} histogram"]
+            for p in self.pods:
+                labels = f'model_name="{p.model}",namespace="{p.namespace}",pod="{p.pod}"'
+                buckets = p.buckets.get(metric, [])
+                for le, count in buckets:
+                    lines.append(f'{metric}_bucket{{{labels},le="{le}"}} {count if self.serving else 0}')
+                total = buckets[-1][1] if buckets and self.serving else 0
+                lines += [f"{metric}_count{{{labels}}} {total}", f"{metric}_sum{{{labels}}} {total * 100}"]
+        return "\n".join(lines) + "\n"
+
+    def start(self) -> VllmMetricsExporter:
+        exporter = self
+
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:
+                self.reply(200 if self.path.startswith("/metrics") else 404, exporter.text().encode(),
+                           "text/plain; version=0.0.4")
+
+        self.server = StandInServer(Handler, name="vllm-metrics").start()
+        return self
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        return self.server.address
