@@ -9,7 +9,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from bot.app.evidence_cache import CachedEvidence
-from bot.app.state import IncidentState, VerificationStep, VerifyOutcome  # VerifyOutcome: re-exported for the adapters
+from bot.app.state import (  # VerifyOutcome, MemoryTrend: re-exported for the adapters
+    IncidentState,
+    MemoryTrend,
+    VerificationStep,
+    VerifyOutcome,
+)
 from bot.diagnosis.models import DiagnosisResult, revised
 from bot.remedy.models import Model, Proposal, WorkloadRef
 
@@ -56,6 +61,50 @@ class Verification(Model):
     @property
     def crashed(self) -> bool:
         return self.outcome is VerifyOutcome.CRASHED
+
+
+class GpuMemory(Model):
+    """One GPU's memory over the soak (GiB), as the cluster side measured it; `trend` is
+    bot.app.verdict.gpu_trend's reading of these numbers."""
+
+    gpu: str  # "0 (GPU-uuid…)"
+    start_gib: float
+    peak_gib: float
+    end_gib: float
+    capacity_gib: float | None
+    slope_gib_per_hour: float
+    trend: MemoryTrend = MemoryTrend.STABLE
+
+    @property
+    def hours_to_full(self) -> float | None:
+        """At the soak's slope, hours until the card is full; None: not climbing, or capacity unknown."""
+        if not self.capacity_gib or self.slope_gib_per_hour <= 0:
+            return None
+        return max(self.capacity_gib - self.end_gib, 0.0) / self.slope_gib_per_hour
+
+    @property
+    def warning(self) -> str | None:
+        if self.trend is MemoryTrend.NEAR_LIMIT and self.capacity_gib:
+            return (f"the peak is {self.peak_gib / self.capacity_gib:.0%} of the card: "
+                    "the KV cache is sized too close to the limit")
+        if self.trend is MemoryTrend.CLIMBING:
+            return "climbing: at this rate the card is full within the hour (fragmentation, or a KV cache too close)"
+        return None
+
+    def line(self) -> str:
+        cap = f" of {self.capacity_gib:.1f} GiB" if self.capacity_gib else ""
+        text = (f"GPU {self.gpu}: {self.start_gib:.1f} -> peak {self.peak_gib:.1f} -> {self.end_gib:.1f} GiB{cap}, "
+                f"slope {self.slope_gib_per_hour:+.2f} GiB/h")
+        return text + (f" (warning: {self.warning})" if self.warning else "")
+
+
+class MemoryReading(Model):
+    """GPU memory over the soak (verification's last check): the worst GPU's trend, each GPU's
+    figures, and the report's text."""
+
+    trend: MemoryTrend
+    gpus: list[GpuMemory] = Field(default_factory=list)
+    text: str
 
 
 class CompletionCheck(Model):
@@ -211,6 +260,7 @@ class NoteKind(StrEnum):
     SOAK_OK = "soak_ok"  # message
     SOAK_FAILED = "soak_failed"  # message, diagnosis
     GPU_MEMORY = "gpu_memory"  # message
+    MEMORY_CLIMBING = "memory_climbing"  # pod, message (the numbers and a suggestion): running, not verified
     RESUMED = "resumed"  # step
     # Other thread replies.
     CRASHING_AGAIN = "crashing_again"  # pod: a resolved incident fires again

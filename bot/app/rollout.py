@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from bot.app import verdict
 from bot.app.approvers import Approvers
 from bot.app.cas import IncidentCas, moved
 from bot.app.incidents import incident_name
@@ -24,13 +25,22 @@ from bot.app.records import (
     ApplyResult,
     CompletionCheck,
     Incident,
+    MemoryReading,
     MessageRef,
     Note,
     NoteKind,
     RolloutOutcome,
     Verification,
 )
-from bot.app.state import ROLLBACK_FROM, IncidentState, Outcome, VerificationStep, VerifyOutcome, can_move
+from bot.app.state import (
+    ROLLBACK_FROM,
+    IncidentState,
+    MemoryTrend,
+    Outcome,
+    VerificationStep,
+    VerifyOutcome,
+    can_move,
+)
 from bot.app.verdict import Diagnoser
 from bot.app.workload_ops import ChangeToUndo
 from bot.diagnosis.diagnose import diagnose as core_diagnose
@@ -51,8 +61,8 @@ class ServingProbe(Protocol):
     def soak(self, workload: WorkloadRef, pod_name: str, seconds: float, diagnose: Diagnoser) -> Verification:
         """Ready when the pod neither restarted nor crashed for `seconds`, else crashed (diagnosed)."""
 
-    def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> str:
-        """The pod's GPU memory over [start, end] (start, peak, end, slope), or why it is absent."""
+    def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> MemoryReading:
+        """The pod's GPU memory over [start, end] (start, peak, end, slope; its trend), or why it is absent."""
 
 
 @dataclass(frozen=True)
@@ -142,9 +152,11 @@ class Rollout:
                 if failed is not None:
                     return failed
             if self.steps.soak_seconds > 0:
-                soaked = self._soak(name, probe, workload, pod, clicked, rollback)
+                soaked, memory = self._soak(name, probe, workload, pod, clicked, rollback)
                 if not soaked.ready:
                     return self._record(name, soaked, S.FAILED, f"crashed in the soak: {soaked.message}")
+                if memory is not None and memory.trend is MemoryTrend.CLIMBING:
+                    return self._climbing(name, pod, memory, clicked, rollback)
         incident = self._record(name, result, S.VERIFIED, f"verified: {result.message}")
         self.messages.refresh(incident, clicked)
         return incident
@@ -164,25 +176,35 @@ class Rollout:
         self.messages.refresh(failed, clicked)
         return failed
 
+    def _climbing(self, name: str, pod: str, memory: MemoryReading, clicked: MessageRef | None,
+                  rollback: str | None) -> Incident:
+        """Everything held but the memory trend: running, memory climbing; never verified."""
+        climbing = verdict.memory_climbing(pod, memory)
+        incident = self._record(name, climbing, S.MEMORY_CLIMBING, f"running, memory climbing: {climbing.message}")
+        self.messages.reply(incident, clicked, Note(kind=NoteKind.MEMORY_CLIMBING, pod=pod, message=climbing.message,
+                                                    rollback_incident=rollback))
+        self.messages.refresh(incident, clicked)
+        return incident
+
     def _soak(self, name: str, probe: ServingProbe, workload: WorkloadRef, pod: str,
-              clicked: MessageRef | None, rollback: str | None) -> Verification:
-        """Step 4: no restart and no crash for the soak window."""
+              clicked: MessageRef | None, rollback: str | None) -> tuple[Verification, MemoryReading | None]:
+        """Step 4: no restart and no crash for the soak window; then the GPU memory over it."""
         incident = self.leases.step(name, Step.SOAK)
         self.messages.reply(incident, clicked, Note(kind=NoteKind.SOAK_STARTED, pod=pod,
                                                     seconds=self.steps.soak_seconds))
         started = self.clock()
         soaked = probe.soak(workload, pod, self.steps.soak_seconds, self.diagnose)
-        if soaked.ready:
-            self.messages.reply(incident, clicked, Note(kind=NoteKind.SOAK_OK, message=soaked.message))
-            try:
-                memory = probe.gpu_memory(workload, pod, started, self.clock())
-            except Exception as exc:  # a report, never a verdict: say it and go on
-                memory = f"GPU memory over the soak: not measured ({exc})"
-            self.messages.reply(incident, clicked, Note(kind=NoteKind.GPU_MEMORY, message=memory))
-        else:
+        if not soaked.ready:
             self.messages.reply(incident, clicked, Note(kind=NoteKind.SOAK_FAILED, message=soaked.message,
                                                         diagnosis=soaked.diagnosis, rollback_incident=rollback))
-        return soaked
+            return soaked, None
+        self.messages.reply(incident, clicked, Note(kind=NoteKind.SOAK_OK, message=soaked.message))
+        try:
+            memory = probe.gpu_memory(workload, pod, started, self.clock())
+        except Exception as exc:  # unmeasured is said, and is not a climb
+            memory = verdict.memory_unmeasured(str(exc))
+        self.messages.reply(incident, clicked, Note(kind=NoteKind.GPU_MEMORY, message=memory.text))
+        return soaked, memory
 
     def resume_interrupted(self, run: Callable[[Callable[[], object]], object]) -> list[str]:
         """Every sweep: renew this process's verify leases; resume (each in `run`, with a thread

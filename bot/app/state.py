@@ -18,7 +18,9 @@ class IncidentState(StrEnum):
     DIAGNOSED = "diagnosed"  # diagnosed, nothing to approve (no known cause, GitOps, dry run failed)
     APPLYING = "applying"  # an approver clicked; the patch is being applied
     APPLIED = "applied"  # patched; the rollout is being followed
-    VERIFIED = "verified"  # the new pod is Ready
+    VERIFIED = "verified"  # Ready, vLLM's KV-cache line, a completion, a clean soak, memory not climbing
+    # All of verified's checks but one: the GPU memory trend climbed over the soak. Running, not verified.
+    MEMORY_CLIMBING = "memory-climbing"
     FAILED = "failed"  # the patch, the new pod or a rollback failed
     REJECTED = "rejected"
     EXPIRED = "expired"  # the proposal's time-to-live ran out unused
@@ -46,6 +48,16 @@ class VerifyOutcome(StrEnum):
     CRASHED = "crashed"
     TIMEOUT = "timeout"
     UNKNOWN = "unknown"
+    MEMORY_CLIMBING = "memory-climbing"  # ready and serving, but GPU memory climbed over the soak
+
+
+class MemoryTrend(StrEnum):
+    """A GPU's memory over the soak (bot.app.verdict.gpu_trend decides which)."""
+
+    STABLE = "stable"
+    CLIMBING = "climbing"  # at the soak's slope the card is full within verdict.CLIMB_HORIZON_HOURS
+    NEAR_LIMIT = "near-limit"  # not climbing, but the peak came within verdict.WARN_FRACTION of the card
+    UNMEASURED = "unmeasured"  # no Prometheus, or no series for the pod's GPUs
 
 
 class Outcome(StrEnum):
@@ -79,7 +91,7 @@ S = IncidentState
 
 # A new incident, or one re-diagnosed, is in one of these: proposed when a change can be approved.
 OPEN = frozenset({S.PROPOSED, S.DIAGNOSED})
-ROLLBACK_FROM = frozenset({S.APPLIED, S.VERIFIED, S.FAILED})  # states whose change can be rolled back
+ROLLBACK_FROM = frozenset({S.APPLIED, S.VERIFIED, S.MEMORY_CLIMBING, S.FAILED})  # states whose change can be rolled back
 
 # from-state -> the states it may move to. Read with the use cases: "resolved" is reachable from
 # anything not already resolved and not mid-apply; every state but "applying" (and the legacy
@@ -89,14 +101,15 @@ TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
     S.DIAGNOSED: OPEN | {S.RESOLVED},
     # applying -> applying: the sweep takes over an apply whose applier died or lost the answer.
     S.APPLYING: OPEN | {S.APPLYING, S.APPLIED, S.FAILED},
-    S.APPLIED: OPEN | {S.VERIFIED, S.FAILED, S.ROLLED_BACK, S.RESOLVED},
+    S.APPLIED: OPEN | {S.VERIFIED, S.MEMORY_CLIMBING, S.FAILED, S.ROLLED_BACK, S.RESOLVED},
     S.VERIFIED: OPEN | {S.ROLLED_BACK, S.RESOLVED},
+    S.MEMORY_CLIMBING: OPEN | {S.ROLLED_BACK, S.RESOLVED},
     S.FAILED: OPEN | {S.ROLLED_BACK, S.RESOLVED},
     S.REJECTED: OPEN | {S.RESOLVED},
     S.EXPIRED: OPEN | {S.RESOLVED},
     S.ROLLED_BACK: OPEN | {S.FAILED, S.RESOLVED},  # failed: the rollback itself failed
     # The pod may recover (alert resolved) before the rollout check finishes: its result still lands.
-    S.RESOLVED: OPEN | {S.VERIFIED, S.FAILED},
+    S.RESOLVED: OPEN | {S.VERIFIED, S.MEMORY_CLIMBING, S.FAILED},
     S.APPROVED: frozenset(),
 }
 

@@ -5,7 +5,8 @@ passes the service's own, with the operator's playbooks), never chosen here.
 
 Steps: (1) a new pod of the current template Ready, or crashed (diagnosed again), or neither
 within the time given; (2) vLLM's own KV-cache line in the Ready pod's log; (3) a completion
-request answered; (4) a soak window without a restart or a crash.
+request answered; (4) a soak window without a restart or a crash; then the GPU memory over the
+soak: a climbing trend ends as "running, memory climbing", never as verified.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from bot.app.records import CompletionCheck, PodState, Verification, VerifyOutcome
+from bot.app.records import (
+    CompletionCheck,
+    GpuMemory,
+    MemoryReading,
+    MemoryTrend,
+    PodState,
+    Verification,
+    VerifyOutcome,
+)
 from bot.diagnosis.logfacts import PATTERNS
 from bot.diagnosis.models import DiagnosisResult, Evidence
 
@@ -149,3 +158,53 @@ def error_text(text: str) -> str:
         return str(doc.get("message") or doc.get("detail") or text)[:300]
     except (ValueError, AttributeError):
         return text[:300]
+
+
+# ---- GPU memory over the soak -------------------------------------------------------------
+
+WARN_FRACTION = 0.95  # a peak this close to the card leaves no room for a longer request
+CLIMB_HORIZON_HOURS = 1.0  # climbing: at the soak's slope the card is full within this
+
+
+def gpu_trend(capacity_gib: float | None, peak_gib: float, end_gib: float, slope_gib_per_hour: float) -> MemoryTrend:
+    """Climbing when the card would be full within CLIMB_HORIZON_HOURS at the soak's slope ("a slow
+    climb points to fragmentation or a KV cache sized too close to the limit", as the seeds say);
+    near the limit when the peak came within WARN_FRACTION of the card; else stable."""
+    if capacity_gib and slope_gib_per_hour > 0 and (capacity_gib - end_gib) / slope_gib_per_hour < CLIMB_HORIZON_HOURS:
+        return MemoryTrend.CLIMBING  # first: a climb that has reached the limit is still a climb
+    if capacity_gib and peak_gib >= WARN_FRACTION * capacity_gib:
+        return MemoryTrend.NEAR_LIMIT
+    return MemoryTrend.STABLE
+
+
+_WORST = [MemoryTrend.CLIMBING, MemoryTrend.NEAR_LIMIT, MemoryTrend.STABLE]
+
+
+def memory_reading(gpus: list[GpuMemory]) -> MemoryReading:
+    """The pod's GPUs over the soak: the worst trend of them decides."""
+    trend = next(t for t in _WORST if t is MemoryTrend.STABLE or any(g.trend is t for g in gpus))
+    return MemoryReading(trend=trend, gpus=gpus,
+                         text="GPU memory over the soak:\n" + "\n".join(g.line() for g in gpus))
+
+
+def memory_unmeasured(why: str) -> MemoryReading:
+    return MemoryReading(trend=MemoryTrend.UNMEASURED, text=f"GPU memory over the soak: not measured ({why})")
+
+
+def memory_climbing(pod: str, reading: MemoryReading) -> Verification:
+    """Ready, serving and soaked, but memory climbed: running, not verified; the numbers and what to do."""
+    climbing = [g for g in reading.gpus if g.trend is MemoryTrend.CLIMBING]
+    figures = "; ".join(_climb(g) for g in climbing)
+    return Verification(outcome=VerifyOutcome.MEMORY_CLIMBING, pod=pod, message=(
+        f"{pod} is running, but its GPU memory climbed over the soak: {figures}. Not verified. Suggestion: "
+        "watch it for the next hour; if it keeps climbing, roll back, or lower --gpu-memory-utilization by 0.05 "
+        "to leave the card headroom (a steady climb points to fragmentation or a KV cache sized too close "
+        "to the limit)."))
+
+
+def _climb(g: GpuMemory) -> str:
+    to_full = g.hours_to_full
+    full = f", full in about {to_full * 60:.0f} min at this rate" if to_full is not None else ""
+    cap = f" of {g.capacity_gib:.1f}" if g.capacity_gib else ""
+    return (f"GPU {g.gpu} {g.start_gib:.1f} -> {g.end_gib:.1f} GiB{cap} "
+            f"({g.slope_gib_per_hour:+.2f} GiB/h{full})")

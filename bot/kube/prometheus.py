@@ -5,10 +5,8 @@ models. The metrics are dcgm-exporter's: `DCGM_FI_DEV_FB_USED` and `DCGM_FI_DEV_
 one series per GPU with the labels `Hostname` (the node), `gpu` (index), `UUID`, `modelName`, and
 `pod` / `namespace` / `container` when the exporter maps GPUs to pods (its kubernetes mode).
 
-The trend is read per GPU: start, peak, end (GiB) and the slope over the window; a warning when
-the peak comes within WARN_FRACTION of the card (used + free), or when the slope would fill the
-card within an hour ("a slow climb points to fragmentation or a KV cache sized too close to the
-limit", as the seeds say).
+The trend is read per GPU: start, peak, end (GiB), the card (used + free) and the slope over the
+window; whether that is stable, climbing or near the limit is bot.app.verdict.gpu_trend's call.
 """
 
 from __future__ import annotations
@@ -25,12 +23,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from bot.app import verdict
+from bot.app.records import GpuMemory
 from bot.remedy.impact import Bucket, Histogram
 
 log = logging.getLogger("bot.kube.prometheus")
 
 USED, FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
-WARN_FRACTION = 0.95
 MIB_PER_GIB = 1024.0
 
 
@@ -111,20 +110,7 @@ class Prometheus:
         return answer.data.result
 
 
-class GpuTrend(BaseModel):
-    gpu: str  # "0 (GPU-uuid…)"
-    start_gib: float
-    peak_gib: float
-    end_gib: float
-    capacity_gib: float | None
-    slope_gib_per_hour: float
-    warning: str | None = None
-
-    def line(self) -> str:
-        cap = f" of {self.capacity_gib:.1f} GiB" if self.capacity_gib else ""
-        text = (f"GPU {self.gpu}: {self.start_gib:.1f} -> peak {self.peak_gib:.1f} -> {self.end_gib:.1f} GiB{cap}, "
-                f"slope {self.slope_gib_per_hour:+.2f} GiB/h")
-        return text + (f" :warning: {self.warning}" if self.warning else "")
+GpuTrend = GpuMemory  # one GPU's figures and trend (the trend is bot.app.verdict's reading)
 
 
 def _selector(node: str | None, namespace: str | None, pod: str | None) -> str:
@@ -147,14 +133,9 @@ def _trend(used: Series, free: Series | None) -> GpuTrend:
         capacity = (float(free.values[-1][1]) + values[-1]) / MIB_PER_GIB
     hours = (points[-1][0] - points[0][0]) / 3600 if len(points) > 1 else 0.0
     slope = ((values[-1] - values[0]) / MIB_PER_GIB / hours) if hours > 0 else 0.0
-    peak = max(values) / MIB_PER_GIB
-    warning = None
-    if capacity and peak >= WARN_FRACTION * capacity:
-        warning = f"the peak is {peak / capacity:.0%} of the card: the KV cache is sized too close to the limit"
-    elif capacity and slope > 0 and (capacity - values[-1] / MIB_PER_GIB) / slope < 1.0:
-        warning = "climbing: at this rate the card is full within the hour (fragmentation, or a KV cache too close)"
-    return GpuTrend(gpu=_key(used), start_gib=values[0] / MIB_PER_GIB, peak_gib=peak, end_gib=values[-1] / MIB_PER_GIB,
-                    capacity_gib=capacity, slope_gib_per_hour=slope, warning=warning)
+    peak, end = max(values) / MIB_PER_GIB, values[-1] / MIB_PER_GIB
+    return GpuMemory(gpu=_key(used), start_gib=values[0] / MIB_PER_GIB, peak_gib=peak, end_gib=end,
+                     capacity_gib=capacity, slope_gib_per_hour=slope, trend=verdict.gpu_trend(capacity, peak, end, slope))
 
 
 def gpu_memory_trend(prom: Prometheus, node: str | None, namespace: str, pod: str, start: datetime,

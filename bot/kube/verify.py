@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.app import verdict
-from bot.app.records import CompletionCheck, PodState, Verification
+from bot.app.records import CompletionCheck, MemoryReading, PodState, Verification
 from bot.app.verdict import Diagnoser
 from bot.diagnosis.models import DiagnosisResult
 from bot.kube.api import KubeApi
@@ -221,20 +221,19 @@ class ServingChecks:
                 return verdict.soak_clean(pod_name, seconds)
             self.sleep(min(self.poll_seconds, max(0.0, deadline - self.clock())))
 
-    def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> str:
+    def gpu_memory(self, workload: WorkloadRef, pod_name: str, start: datetime, end: datetime) -> MemoryReading:
         """Step 5: the pod's GPU memory over the window from Prometheus, or why it is absent."""
         if self.prometheus is None:
-            return ("GPU memory over the soak: not measured (no Prometheus URL configured: "
-                    "VLLM_ONCALL_PROMETHEUS_URL)")
+            return verdict.memory_unmeasured("no Prometheus URL configured: VLLM_ONCALL_PROMETHEUS_URL")
         try:
             node = ((self.api.get_pod(workload.namespace, pod_name).get("spec") or {}).get("nodeName"))
             trends = gpu_memory_trend(self.prometheus, node, workload.namespace, pod_name, start, end)
         except (PrometheusError, KubeError) as exc:
-            return f"GPU memory over the soak: not measured ({exc})"
+            return verdict.memory_unmeasured(str(exc))
         if not trends:
-            return (f"GPU memory over the soak: not measured (Prometheus has no {USED} series for pod {pod_name} "
-                    f"or node {node}: is dcgm-exporter scraped?)")
-        return "GPU memory over the soak:\n" + "\n".join(t.line() for t in trends)
+            return verdict.memory_unmeasured(f"Prometheus has no {USED} series for pod {pod_name} "
+                                             f"or node {node}: is dcgm-exporter scraped?")
+        return verdict.memory_reading(trends)
 
 
 def _direct(url: str, method: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, str]:

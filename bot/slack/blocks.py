@@ -51,6 +51,7 @@ STATE_LINES: dict[IncidentState, str] = {
     S.APPLYING: ":hourglass_flowing_sand: Applying, approved by {who} at {when}",
     S.APPLIED: ":white_check_mark: Applied by {who} at {when}; following the rollout in the thread",
     S.VERIFIED: ":white_check_mark: Applied by {who} at {when}; the new pod is Ready (see thread)",
+    S.MEMORY_CLIMBING: ":warning: Applied by {who} at {when}; running, memory climbing: not verified (see thread)",
     S.FAILED: ":x: Failed after the decision by {who} at {when} (see thread)",
     S.REJECTED: ":no_entry_sign: Rejected by {who} at {when}; nothing was changed",
     S.EXPIRED: ":alarm_clock: The proposal expired unused; nothing was changed",

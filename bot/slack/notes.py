@@ -87,6 +87,7 @@ _WORDS: dict[NoteKind, Callable[[_Facts], str]] = {
     K.SOAK_OK: lambda f: f":white_check_mark: 4/4 {f.message}",
     K.SOAK_FAILED: lambda f: f":x: 4/4 {f.message}",
     K.GPU_MEMORY: lambda f: f":bar_chart: {f.message}",
+    K.MEMORY_CLIMBING: lambda f: f":warning: Running, memory climbing (not verified): {f.message}",
     K.RESUMED: lambda f: (f":arrows_counterclockwise: The bot restarted during verification (step: {f(f.note.step)}), "
                           "or the replica following it stopped; resuming it."),
     K.CRASHING_AGAIN: lambda f: f"Crash-looping again (pod {f.pod}) after being resolved.",
