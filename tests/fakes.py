@@ -170,6 +170,9 @@ class RecordingChat:
     def tell_user(self, channel, user, note):
         self.told.append((user, note_text(note)))  # as Slack would show it
 
+    def permalink(self, message):
+        return f"https://chat.example/archives/{message.channel}/p{message.message_id.replace('.', '')}"
+
     def group_members(self, group_id):
         return self.groups.get(group_id, set())
 

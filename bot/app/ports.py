@@ -135,6 +135,10 @@ class ChatPort(Protocol):
     def tell_user(self, channel: str, user: str, note: Note) -> None:
         """A message only that user sees (Slack: ephemeral)."""
 
+    def permalink(self, message: MessageRef) -> str | None:
+        """A link to `message` (and its thread) people can open; None when the chat has no links.
+        Raises ChatUnavailable when the chat could not be asked."""
+
     def group_members(self, group_id: str) -> set[str]: ...
 
     def actor(self, user: str) -> str:

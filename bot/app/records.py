@@ -261,6 +261,9 @@ class NoteKind(StrEnum):
     SOAK_FAILED = "soak_failed"  # message, diagnosis
     GPU_MEMORY = "gpu_memory"  # message
     MEMORY_CLIMBING = "memory_climbing"  # pod, message (the numbers and a suggestion): running, not verified
+    # `/vllm why` on a workload whose fix was applied: actor, at, lines (the changes), state, outcome,
+    # message (what the verification found), detail (a link to the incident's thread, or None)
+    FIX_APPLIED = "fix_applied"
     RESUMED = "resumed"  # step
     # Other thread replies.
     CRASHING_AGAIN = "crashing_again"  # pod: a resolved incident fires again

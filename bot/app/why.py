@@ -29,11 +29,18 @@ log = logging.getLogger(__name__)
 
 
 MAX_COPIES = 10  # messages re-rendered per incident (the oldest drop off; their clicks are refused)
+# The states an applied change ends in when its rollout was followed and did not fail.
+FIX_HELD = frozenset({IncidentState.VERIFIED, IncidentState.MEMORY_CLIMBING})
 
 
 def with_copy(incident: Incident, message: MessageRef | None) -> list[MessageRef]:
     copies = [c for c in incident.copies if c != message]
     return (copies + [message])[-MAX_COPIES:] if message is not None else copies
+
+
+def fix_followed(incident: Incident) -> bool:
+    """Its change was applied and the rollout followed to an end that is not a failure."""
+    return incident.applied is not None and incident.applied.rollout is not None and incident.state in FIX_HELD
 
 
 class Why:
@@ -76,21 +83,53 @@ class Why:
         if existing is None:
             answer = self.intake.open_or_update(AlertTarget(namespace=namespace, pod=pod), evidence, channel,
                                                 diagnosis, workload)
-        elif self._show_as_is(existing) or not self._may_reopen(existing, workload, user, channel):
-            # Same incident, same proposal: show it here too; a click on either message acts once.
-            answer = existing
-            try:
-                posted = self.chat.post_incident(existing, channel)
-            except ChatUnavailable as exc:
-                log.warning("could not answer /vllm why in %s: %s", channel, exc)
-            else:  # a copy of the message: refreshed with it, and its buttons act on the same proposal
-                copy = posted
-                answer = self.cas.mutate(key, lambda inc: inc.with_copies(with_copy(inc, copy))) or existing
+        elif self._show_as_is(existing) or not self._may_reopen(existing, workload, user, channel) \
+                or self._fix_in_place(existing, diagnosis, evidence, workload):
+            # Asked about the old pod after the fix landed: the incident as it is, and what its
+            # verification found, with a link to its thread; never the same change suggested again.
+            answer, posted = self._show(existing, channel)
+            if fix_followed(existing):
+                self._say(posted, self._applied_note(existing))
         else:
             answer = self._rediagnose(key, pod, diagnosis, evidence, workload, channel, user)
         if kept_note and answer is not None:
             self._say(posted or answer.message_ref(), kept_note)
         return answer
+
+    def _show(self, existing: Incident, channel: str) -> tuple[Incident, MessageRef | None]:
+        """Same incident, same proposal: show it here too; a click on either message acts once."""
+        try:
+            posted = self.chat.post_incident(existing, channel)
+        except ChatUnavailable as exc:
+            log.warning("could not answer /vllm why in %s: %s", channel, exc)
+            return existing, None
+        # a copy of the message: refreshed with it, and its buttons act on the same proposal
+        answer = self.cas.mutate(existing.name, lambda inc: inc.with_copies(with_copy(inc, posted))) or existing
+        return answer, posted
+
+    def _fix_in_place(self, existing: Incident, diagnosis: DiagnosisResult, evidence: Evidence,
+                      workload: WorkloadRef) -> bool:
+        """This incident's change was applied and its rollout followed to an end that is not a
+        failure, and the live workload needs no change for this cause any more."""
+        if not fix_followed(existing):
+            return False
+        fresh = self.proposer.propose(diagnosis, evidence, workload)
+        return fresh is None or not fresh.changes
+
+    def _applied_note(self, incident: Incident) -> Note:
+        applied = incident.applied
+        assert applied is not None and applied.rollout is not None
+        ref, link = incident.message_ref(), None
+        if ref is not None:
+            try:
+                link = self.chat.permalink(ref)
+            except ChatUnavailable as exc:  # the answer stands without its link
+                log.warning("no link to incident %s's thread: %s", incident.name, exc)
+        changes = [f"{c.name} {c.before if c.before is not None else '(unset)'} → "
+                   f"{c.after if c.after is not None else '(removed)'}"
+                   for c in (incident.proposal.changes if incident.proposal else [])]
+        return Note(kind=NoteKind.FIX_APPLIED, actor=applied.by, at=applied.at, state=incident.state,
+                    outcome=applied.rollout.outcome, message=applied.rollout.message, lines=changes, detail=link)
 
     def _tell(self, channel: str, user: str, why: str) -> None:
         self.chat.tell_user(channel, user, Note(kind=NoteKind.REFUSAL, message=why))

@@ -285,6 +285,11 @@ class SlackChat:
         self.call("chat.postEphemeral", self.client.chat_postEphemeral, channel=channel, user=user,
                   text=note_text(note, self.redactor))
 
+    def permalink(self, message: MessageRef) -> str | None:
+        resp = self.call("chat.getPermalink", self.client.chat_getPermalink, channel=message.channel,
+                         message_ts=message.message_id)
+        return str(resp.get("permalink") or "") or None
+
     def group_members(self, group_id: str) -> set[str]:
         resp = self.call("usergroups.users.list", self.client.usergroups_users_list, usergroup=group_id)
         return set(resp.get("users") or [])

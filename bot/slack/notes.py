@@ -17,6 +17,7 @@ from bot.slack.escape import escape
 K = NoteKind
 # A Slack user id, as the click payloads carry it: only such an id becomes a mention.
 _USER_ID = re.compile(r"[UW][A-Z0-9]{2,20}")
+_LINK = re.compile(r"https?://[^\s<>|&]+")  # a link the chat gave, safe inside <url|text>
 
 
 def mention(user: str | None, nobody: str = "someone") -> str:
@@ -54,6 +55,15 @@ class _Facts:
         return f":warning: Not applied: {self(n.workload)} was edited since the proposal ({changed}). {self.message}"
 
 
+def _fix_applied(f: _Facts) -> str:
+    n = f.note
+    when = f" at {n.at:%Y-%m-%d %H:%M} UTC" if n.at else ""
+    changes = ", ".join(f"`{f(line)}`" for line in n.lines) or "its change"
+    thread = f"<{n.detail}|the incident's thread>" if n.detail and _LINK.fullmatch(n.detail) else "the incident's thread"
+    return (f":information_source: This fix was already applied: {changes}, by {mention(n.actor)}{when}. "
+            f"Verification: {f(n.state)} ({f(n.outcome)}): {f.message}\nThe whole story is in {thread}.")
+
+
 def _pod_ready(f: _Facts) -> str:
     lines = [f":white_check_mark: 1/4 New pod {f.pod} is Ready. {f.message}".rstrip()]
     return "\n".join(lines + [f"2/4 vLLM: {f(line)}" for line in f.note.lines])
@@ -87,6 +97,7 @@ _WORDS: dict[NoteKind, Callable[[_Facts], str]] = {
     K.SOAK_OK: lambda f: f":white_check_mark: 4/4 {f.message}",
     K.SOAK_FAILED: lambda f: f":x: 4/4 {f.message}",
     K.GPU_MEMORY: lambda f: f":bar_chart: {f.message}",
+    K.FIX_APPLIED: _fix_applied,
     K.MEMORY_CLIMBING: lambda f: f":warning: Running, memory climbing (not verified): {f.message}",
     K.RESUMED: lambda f: (f":arrows_counterclockwise: The bot restarted during verification (step: {f(f.note.step)}), "
                           "or the replica following it stopped; resuming it."),

@@ -77,6 +77,9 @@ class TerminalChat:
     def tell_user(self, channel: str, user: str, note: Note) -> None:
         self._print(f"Only {user} sees (in {channel})", unescape(note_text(note, self.redactor)) + "\n")
 
+    def permalink(self, message: MessageRef) -> str | None:
+        return None  # a terminal has no links: the message is above
+
     def group_members(self, group_id: str) -> set[str]:
         return set()
 

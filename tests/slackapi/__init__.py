@@ -329,6 +329,14 @@ class SlackStandIn:
         if method == "chat.update":
             return 200, {"ok": True, "channel": params.get("channel"), "ts": params.get("ts"),
                          "text": params.get("text")}
+        if method == "chat.getPermalink":  # Slack: https://<team>.slack.com/archives/<channel>/p<ts without the dot>
+            channel, ts = str(params.get("channel") or ""), str(params.get("message_ts") or "")
+            with self._lock:
+                known = any(m["ts"] == ts for m in self.messages.get(channel, []))
+            if not known:
+                return 200, {"ok": False, "error": "message_not_found"}
+            return 200, {"ok": True, "channel": channel,
+                         "permalink": f"https://standin.slack.local/archives/{channel}/p{ts.replace('.', '')}"}
         if method == "chat.postEphemeral":
             return 200, {"ok": True, "message_ts": self._next_ts()}
         if method == "users.info":
