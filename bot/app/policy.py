@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from typing import Literal
 
+from bot.app.links import LinkTemplates
 from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
 from bot.diagnosis.redact import Redactor
 
@@ -67,6 +68,8 @@ class Policy:
     # local cluster). An applier starts the patch only if it can end inside apply_grace from its
     # claim, so the sweep never takes over an apply whose patch may still be in flight.
     patch_seconds: float | None = None
+    # The operator's runbook and dashboard URL templates, per cluster (shown in an incident's details).
+    links: LinkTemplates = field(default_factory=LinkTemplates)
 
 
 PROPOSALS_ONLY = ("proposals-only mode: this is the change the bot would make; nothing will be applied. "

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from bot.app.cas import IncidentCas, noted
+from bot.app.links import LinkTemplates, incident_links
 from bot.app.messages import Messages
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy
@@ -41,6 +42,16 @@ class NewPost:
     lease: Lease
     key: str  # the message's identity, sent in its metadata
     since: datetime  # no message with this key can be older
+
+
+def with_links(incident: Incident, templates: LinkTemplates) -> Incident:
+    """The incident as posted: with the operator's runbook and dashboard links for its cluster and
+    the `kubectl` commands that show its evidence (derived now, never stored)."""
+    d, p = incident.diagnosis, incident.proposal
+    pod = (d.pod if d else None) or (incident.pods[-1] if incident.pods else None)
+    container = (d.container if d else None) or (p.workload.container if p else None)
+    return incident.revised(links=incident_links(incident.cluster, incident.namespace, incident.workload,
+                                                 p.workload.kind if p else None, pod, container, templates))
 
 
 class Poster:
@@ -94,7 +105,7 @@ class Poster:
             if found is not None:
                 return self._posted(incident, found, received_at, recovered=True)
         try:
-            message = self.chat.post_incident(incident, incident.chat_channel)
+            message = self.chat.post_incident(with_links(incident, self.policy.links), incident.chat_channel)
         except ChatUnavailable as exc:
             return self._post_failed(incident, exc, received_at)
         return self._posted(incident, message, received_at)

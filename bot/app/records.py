@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from bot.app.evidence_cache import CachedEvidence
+from bot.app.links import IncidentLinks
 from bot.app.state import (  # VerifyOutcome, MemoryTrend: re-exported for the adapters
     IncidentState,
     MemoryTrend,
@@ -177,6 +178,9 @@ class Incident(Model):
     # kill, the channel's history is searched for it before posting again (bot/app/posting.py).
     post_key: str | None = None
     post_since: datetime | None = None  # when the first attempt with post_key began
+    # Where to look for oneself (runbook, dashboard, kubectl commands), from the settings when
+    # the message is posted (bot.app.posting.with_links); never stored: the settings may change.
+    links: IncidentLinks | None = Field(default=None, exclude=True)
     applied: AppliedChange | None = None
     history: list[str] = Field(default_factory=list)  # for people only: never parsed
 

@@ -18,7 +18,7 @@ from bot.app.intake import Intake
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy
 from bot.app.ports import ChatPort, ChatUnavailable, ClusterPort, IncidentStore, PodNotFound
-from bot.app.posting import Poster
+from bot.app.posting import Poster, with_links
 from bot.app.proposals import Proposer, offers_button, open_state
 from bot.app.records import AlertTarget, Incident, MessageRef, Note, NoteKind
 from bot.app.state import IncidentState, can_move
@@ -99,7 +99,7 @@ class Why:
     def _show(self, existing: Incident, channel: str) -> tuple[Incident, MessageRef | None]:
         """Same incident, same proposal: show it here too; a click on either message acts once."""
         try:
-            posted = self.chat.post_incident(existing, channel)
+            posted = self.chat.post_incident(with_links(existing, self.policy.links), channel)
         except ChatUnavailable as exc:
             log.warning("could not answer /vllm why in %s: %s", channel, exc)
             return existing, None

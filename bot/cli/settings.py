@@ -66,6 +66,8 @@ ENV_VARS: dict[str, str] = {
     "verify_request_timeout_seconds": "VLLM_ONCALL_VERIFY_REQUEST_TIMEOUT_SECONDS",
     "verify_request_via": "VLLM_ONCALL_VERIFY_REQUEST_VIA",
     "prometheus_url": "VLLM_ONCALL_PROMETHEUS_URL",
+    "runbook_url": "VLLM_ONCALL_RUNBOOK_URL",
+    "dashboard_url": "VLLM_ONCALL_DASHBOARD_URL",
     "llm_base_url": "VLLM_ONCALL_LLM_BASE_URL",
     "llm_model": "VLLM_ONCALL_LLM_MODEL",
     "llm_api_key": "VLLM_ONCALL_LLM_API_KEY",
@@ -281,6 +283,16 @@ class Settings(BaseModel):
     # expressions; the match (or its group named `secret`) becomes ***. In the environment: one per
     # line, or a JSON list (a comma may be part of a pattern, so commas do not separate them).
     redact_patterns: list[str] = Field(default_factory=list)
+    # Links in an incident's details: URL templates with {namespace}, {workload}, {pod}, {cluster}
+    # (URL-encoded). One template for every cluster, or per cluster: a JSON object / a YAML
+    # mapping of cluster name (or "*" for the rest) to template.
+    runbook_url: dict[str, str] = Field(default_factory=dict)
+    dashboard_url: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("runbook_url", "dashboard_url", mode="before")
+    @classmethod
+    def _link_templates(cls, v: Any) -> Any:
+        return _templates(v)
 
     @field_validator("approver_users")
     @classmethod
@@ -342,11 +354,20 @@ class Settings(BaseModel):
             problems.append(f"{ENV_VARS['bundle_dir']}: {self.bundle_dir} is not a folder (an evidence bundle "
                             "with previous.log)")
         problems += self._cluster_combinations()
+        problems += self._link_clusters()
         problems += self._lease_fits()
         problems += self._renewals_fit()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _link_clusters(self) -> list[str]:
+        """A per-cluster link template must name a cluster this bot serves (or "*")."""
+        from bot.app.links import ALL_CLUSTERS
+
+        served = {self.cluster_name, *self.clusters, ALL_CLUSTERS}
+        return [f"{ENV_VARS[name]}: no cluster named {cluster!r} is served (known: {', '.join(sorted(served))})"
+                for name in ("runbook_url", "dashboard_url") for cluster in getattr(self, name) if cluster not in served]
 
     def _lease_fits(self) -> list[str]:
         from bot.slack.chat import post_fits_lease
@@ -397,6 +418,30 @@ class Settings(BaseModel):
         if SERVICE_ACCOUNT_NAMESPACE.is_file():
             return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
         return "vllm-oncall"
+
+
+def _templates(value: Any) -> dict[str, str]:
+    """A link setting: one template (every cluster), or cluster -> template (a mapping, or a JSON
+    object in the environment); each template checked (bot.app.links.template_problem)."""
+    import json
+
+    from bot.app.links import ALL_CLUSTERS, template_problem
+
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str) and value.lstrip().startswith('{"'):  # "{namespace}/…" is a template
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON object of cluster name to URL template ({exc.msg})") from None
+    per_cluster = {ALL_CLUSTERS: value} if isinstance(value, str) else value
+    if not isinstance(per_cluster, Mapping) or not all(isinstance(t, str) for t in per_cluster.values()):
+        raise ValueError("expected a URL template, or a mapping of cluster name to URL template")
+    for cluster, template in per_cluster.items():
+        problem = template_problem(template)
+        if problem:
+            raise ValueError(problem if cluster == ALL_CLUSTERS else f"for cluster {cluster}: {problem}")
+    return {str(k): v for k, v in per_cluster.items()}
 
 
 def _pattern_list(value: str) -> list[str] | str:

@@ -34,6 +34,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.app.commentary import Commentary
+from bot.app.links import LinkKind, LinkTemplates
 from bot.app.metrics import Metrics
 from bot.app.policy import Policy
 from bot.app.ports import ClusterPort, IncidentStore, PodNotFound
@@ -100,7 +101,9 @@ def policy_of(settings: Settings, redactor: Redactor) -> Policy:
                   default_namespace=settings.default_namespace, redactor=redactor,
                   post_lease=timedelta(seconds=settings.post_lease_seconds),
                   apply_grace=timedelta(seconds=settings.apply_grace_seconds),
-                  patch_seconds=patch_seconds(settings) if settings.cluster_source == "kube" else None)
+                  patch_seconds=patch_seconds(settings) if settings.cluster_source == "kube" else None,
+                  links=LinkTemplates({LinkKind.RUNBOOK: settings.runbook_url,
+                                       LinkKind.DASHBOARD: settings.dashboard_url}))
 
 
 def kubeconfig_of(settings: Settings) -> str | None:

@@ -29,6 +29,7 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
+from bot.app.links import IncidentLinks, LinkKind
 from bot.app.records import Incident, Note
 from bot.app.redaction import redacted_diagnosis, redacted_incident
 from bot.app.state import IncidentState
@@ -303,8 +304,24 @@ def incident_thread(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[s
         lines = list(dict.fromkeys(d.evidence))
         blocks.append(_section("*Evidence* (from the previous container's log and the pod, oldest first)\n"
                                + code_block("\n".join(reversed(lines)))))
+    if incident.links is not None:
+        blocks.append(_section(_look_yourself(incident.links), block_id="links"))
     text = escape(f"Details: {incident.namespace}/{incident.workload}: {d.title}")
     return text, _json(blocks)
+
+
+LINK_LABELS = {LinkKind.RUNBOOK: "Runbook", LinkKind.DASHBOARD: "Dashboard"}
+
+
+def _look_yourself(links: IncidentLinks) -> str:
+    """The runbook and dashboard (URLs the core built from checked templates, names URL-encoded)
+    and the kubectl commands that show the same evidence."""
+    out = "*Look for yourself*"
+    if links.links:
+        out += "\n" + " · ".join(f"<{escape(link.url)}|{LINK_LABELS[link.kind]}>" for link in links.links)
+    if links.commands:
+        out += "\n" + code_block("\n".join(links.commands), 1200)
+    return out
 
 
 def _facts(incident: Incident, d: DiagnosisResult) -> SectionBlock:
