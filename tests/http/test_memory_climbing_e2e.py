@@ -16,6 +16,7 @@ import pytest
 from builders import use_kubeconfig
 from kubeapi.dcgm import DcgmExporter, Gpu
 from kubeapi.objects import container, crashing_deployment, rollout_controller
+from kubeapi.prometheus import RealPrometheus
 from kubeapi.vllmpod import ScriptedVllm
 from openai_standin import wait_until
 from slackapi.requests import button_value, click_body, signed_headers
@@ -37,9 +38,7 @@ CLIMB = ("climbing", lambda t: 18432 + 200 * t)  # 200 MiB a second on a 22.5 Gi
 FLAT = ("flat", lambda t: 20000.0)
 
 
-def _prometheus(exporter: DcgmExporter, folder):
-    from test_prometheus_gpu import RealPrometheus  # tests/kube: the same real Prometheus
-
+def _prometheus(exporter: DcgmExporter, folder) -> RealPrometheus:
     return RealPrometheus(exporter.address, folder)
 
 
@@ -92,6 +91,10 @@ def test_a_climbing_memory_trend_never_ends_as_verified(world):
     headers = {k: v[0] for k, v in signed_headers(body, SIGNING).items()}
     assert post(bot.url + "/slack/events", body.encode(), headers) == 200
     wait_until(lambda: _state(kube) not in ("proposed", "applying", "applied"), 120, "the verification's end")
+    # the record moves first, then the reply and the message's refresh follow: wait for the last of them
+    ending = "running, memory climbing: not verified" if world["case"] == "climbing" else "the new pod is Ready"
+    wait_until(lambda: any(ending in json.dumps(u.params) for u in slack.delivered("chat.update")), 60,
+               "the message's refresh with the ending")
     bot.executor.wait_idle(30)
 
     replies = [json.dumps(r.params) for r in slack.replies()]

@@ -10,8 +10,8 @@ import json
 import time
 
 import pytest
+from kubeapi.prometheus import RealPrometheus
 from kubeapi.vllm_metrics import PodTraffic, VllmMetricsExporter
-from test_prometheus_gpu import RealPrometheus
 from test_verify_steps import NS, World
 
 from bot.kube.prometheus import Prometheus, PrometheusTraffic

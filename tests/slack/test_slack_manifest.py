@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NEEDED = {"chat.postMessage": {"chat:write"}, "chat.update": {"chat:write"}, "chat.postEphemeral": {"chat:write"},
           "users.info": {"users:read"}, "usergroups.users.list": {"usergroups:read"},
           "conversations.history": {"channels:history", "groups:history"},
-          "conversations.replies": {"channels:history", "groups:history"}, "auth.test": set()}
+          "conversations.replies": {"channels:history", "groups:history"}, "auth.test": set(),
+          "chat.getPermalink": set()}  # Slack: no scope required
 
 
 def test_the_manifest_grants_what_the_bot_calls():
