@@ -153,3 +153,7 @@ class TrafficHistory(Protocol):
 
     def histograms(self, namespace: str, workload: str, metrics: list[str], hours: float) -> dict[str, Histogram | None]:
         """Per metric, its cumulative buckets summed over the workload's pods, or None: no series."""
+
+    def share_above(self, namespace: str, workload: str, gauge: str, threshold: float, hours: float) -> float | None:
+        """The share of the window's minutes in which the busiest pod's `gauge` was above
+        `threshold`; None: no series."""

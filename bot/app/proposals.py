@@ -13,7 +13,18 @@ from bot.app.ports import ClusterPort, TrafficHistory
 from bot.app.state import IncidentState
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.models import DiagnosisResult, Evidence, revised
-from bot.remedy.impact import GENERATION, MAX_MODEL_LEN, PROMPT, Impact, max_model_len_impact, not_known
+from bot.remedy.impact import (
+    GENERATION,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    PROMPT,
+    RUNNING,
+    WAITING,
+    Impact,
+    max_model_len_impact,
+    max_num_seqs_impact,
+    not_known,
+)
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.remedy.plan import redact_proposal
 
@@ -33,20 +44,24 @@ IMPACT_HOURS = 24.0  # the window of traffic a new limit is measured against
 
 
 def impact_of(proposal: Proposal, traffic: TrafficHistory | None) -> Impact | None:
-    """What a new --max-model-len would have refused of the last IMPACT_HOURS of the workload's
-    traffic, or why that cannot be known; None when the proposal sets no such limit."""
-    limit = next((int(c.after) for c in proposal.changes
-                  if c.name == MAX_MODEL_LEN and c.after and c.after.isdigit()), None)
-    if limit is None:
+    """What a new --max-model-len would have refused (or a new --max-num-seqs queued) of the last
+    IMPACT_HOURS of the workload's traffic, or why that cannot be known; None when the proposal
+    sets neither limit."""
+    flag, limit = next(((c.name, int(c.after)) for c in proposal.changes
+                        if c.name in (MAX_MODEL_LEN, MAX_NUM_SEQS) and c.after and c.after.isdigit()), (None, 0))
+    if flag is None:
         return None
     if traffic is None:
-        return not_known(MAX_MODEL_LEN, limit, "no Prometheus is configured to read vLLM's request histograms from",
-                         IMPACT_HOURS)
+        return not_known(flag, limit, "no Prometheus is configured to read vLLM's metrics from", IMPACT_HOURS)
     w = proposal.workload
     try:
+        if flag == MAX_NUM_SEQS:
+            return max_num_seqs_impact(traffic.share_above(w.namespace, w.name, RUNNING, limit, IMPACT_HOURS),
+                                       traffic.share_above(w.namespace, w.name, WAITING, 0, IMPACT_HOURS),
+                                       limit, IMPACT_HOURS)
         found = traffic.histograms(w.namespace, w.name, [PROMPT, GENERATION], IMPACT_HOURS)
     except Exception as exc:  # information, never a reason not to propose: say why it is unknown
-        return not_known(MAX_MODEL_LEN, limit, str(exc), IMPACT_HOURS)
+        return not_known(flag, limit, str(exc), IMPACT_HOURS)
     return max_model_len_impact(found.get(PROMPT), found.get(GENERATION), limit, IMPACT_HOURS)
 
 

@@ -166,8 +166,14 @@ class PrometheusTraffic:
     """The cluster side of bot.app.ports.TrafficHistory: vLLM's histograms summed over the
     workload's pods, `increase` over the window (counter resets of crashed pods included)."""
 
-    def __init__(self, prometheus: Prometheus):
-        self.prometheus = prometheus
+    def __init__(self, prometheus: Prometheus, resolution_seconds: float = 60):
+        self.prometheus, self.resolution = prometheus, resolution_seconds
+
+    def share_above(self, namespace: str, workload: str, gauge: str, threshold: float, hours: float) -> float | None:
+        sel = workload_selector(namespace, workload)
+        samples = self.prometheus.query(f"avg_over_time((max({gauge}{sel}) > bool {threshold:g})"
+                                        f"[{hours:g}h:{self.resolution:g}s])")
+        return float(samples[0].value[1]) if samples else None
 
     def histograms(self, namespace: str, workload: str, metrics: list[str], hours: float) -> dict[str, Histogram | None]:
         sel = workload_selector(namespace, workload)

@@ -24,7 +24,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 PROMPT, GENERATION = "vllm:request_prompt_tokens", "vllm:request_generation_tokens"
-MAX_MODEL_LEN = "--max-model-len"
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+MAX_MODEL_LEN, MAX_NUM_SEQS = "--max-model-len", "--max-num-seqs"
 
 
 class Bucket(BaseModel):
@@ -75,6 +76,10 @@ class Impact(BaseModel):
     over: float | None = None
     method: ImpactMethod = ImpactMethod.UPPER_BUCKET
     unknown: str | None = None  # why it cannot be known
+    # --max-num-seqs: the share of the window's minutes in which a pod ran more than `limit`
+    # requests at once (vllm:num_requests_running), and in which requests already waited
+    busy_share: float | None = None
+    waiting_share: float | None = None
 
     @property
     def share(self) -> float | None:
@@ -84,6 +89,10 @@ class Impact(BaseModel):
 
     def headline(self) -> str | None:
         """The measured share in one short line (no chat markup), or None when not measured."""
+        if self.flag == MAX_NUM_SEQS:
+            return None if self.busy_share is None else (
+                f"in about {_percent(self.busy_share)} of the last {self.window_hours:g} hours' minutes a pod ran "
+                f"more than {self.limit:,} requests at once (those would have queued)")
         share = self.share
         if share is None:
             return None
@@ -94,8 +103,17 @@ class Impact(BaseModel):
         """One plain sentence (no chat markup): the share and how it was counted, or why it cannot be known."""
         window = f"the last {self.window_hours:g} hours"
         if self.unknown is not None:
-            return f"How many of {window}' requests are longer than {self.limit:,} tokens cannot be known: {self.unknown}."
+            what = (f"more than {self.limit:,} requests at once" if self.flag == MAX_NUM_SEQS
+                    else f"longer than {self.limit:,} tokens")
+            return f"How many of {window}' requests are {what} cannot be known: {self.unknown}."
         headline = self.headline()
+        if self.flag == MAX_NUM_SEQS:
+            if headline is None:
+                return f"vLLM reported no running requests in {window}."
+            waited = "" if self.waiting_share is None else \
+                f"; requests already waited in about {_percent(self.waiting_share)} of them"
+            return (headline[0].upper() + headline[1:] + waited +
+                    ": from vLLM's own gauges, the busiest pod each minute.")
         if headline is None:
             return f"vLLM's histograms show no finished request in {window}, so none would have been refused."
         return (headline[0].upper() + headline[1:] + ": prompt + generation, from vLLM's own histograms; "
@@ -132,3 +150,13 @@ def max_model_len_impact(prompt: Histogram | None, generation: Histogram | None,
 
 def not_known(flag: str, limit: int, why: str, window_hours: float = 24.0) -> Impact:
     return Impact(flag=flag, limit=limit, window_hours=window_hours, unknown=why)
+
+
+def max_num_seqs_impact(busy_share: float | None, waiting_share: float | None, limit: int,
+                        window_hours: float = 24.0) -> Impact:
+    """What a new --max-num-seqs would have queued: the share of minutes in which a pod ran more
+    than `limit` requests at once (None: Prometheus has no vllm:num_requests_running series)."""
+    if busy_share is None:
+        return not_known(MAX_NUM_SEQS, limit, f"Prometheus has no {RUNNING} series for this workload", window_hours)
+    return Impact(flag=MAX_NUM_SEQS, limit=limit, window_hours=window_hours, busy_share=busy_share,
+                  waiting_share=waiting_share)

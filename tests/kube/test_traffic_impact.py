@@ -15,7 +15,7 @@ from kubeapi.vllm_metrics import PodTraffic, VllmMetricsExporter
 from test_verify_steps import NS, World
 
 from bot.kube.prometheus import Prometheus, PrometheusTraffic
-from bot.remedy.impact import GENERATION, PROMPT, max_model_len_impact
+from bot.remedy.impact import GENERATION, PROMPT, RUNNING, WAITING, max_model_len_impact, max_num_seqs_impact
 from bot.slack.blocks import blocks_to_text
 
 PROMPT_BUCKETS = [("1000", 300), ("2000", 400), ("5000", 450), ("10000", 480), ("20000", 495), ("50000", 500),
@@ -28,15 +28,16 @@ GENERATION_BUCKETS = [("100", 250), ("500", 450), ("2000", 500), ("+Inf", 500)]
 EXPECTED_REQUESTS, EXPECTED_OVER = 1000, 40
 
 
-def _pod(name: str, namespace: str = NS) -> PodTraffic:
-    return PodTraffic(namespace=namespace, pod=name, buckets={PROMPT: PROMPT_BUCKETS, GENERATION: GENERATION_BUCKETS})
+def _pod(name: str, namespace: str = NS, running: float = 4, waiting: float = 0) -> PodTraffic:
+    return PodTraffic(namespace=namespace, pod=name, buckets={PROMPT: PROMPT_BUCKETS, GENERATION: GENERATION_BUCKETS},
+                      gauges={RUNNING: running, WAITING: waiting})
 
 
 @pytest.fixture
 def traffic(tmp_path):
-    pods = [_pod("vllm-llama3-8b-5d9f7c6b8-abcde"), _pod("vllm-llama3-8b-5d9f7c6b8-fghij"),
-            _pod("vllm-llama3-8b-other-7f6d5c4b3-zzzzz", namespace="elsewhere"),  # another namespace
-            _pod("vllm-llama3-70b-6c5b4a3f2-yyyyy")]  # another workload whose name starts alike
+    pods = [_pod("vllm-llama3-8b-5d9f7c6b8-abcde", running=12, waiting=3), _pod("vllm-llama3-8b-5d9f7c6b8-fghij"),
+            _pod("vllm-llama3-8b-other-7f6d5c4b3-zzzzz", namespace="elsewhere", running=99),  # another namespace
+            _pod("vllm-llama3-70b-6c5b4a3f2-yyyyy", running=99)]  # another workload whose name starts alike
     exporter = VllmMetricsExporter(pods).start()
     prom = RealPrometheus(exporter.address, tmp_path, job="vllm", honor_labels=True)
     try:
@@ -111,3 +112,17 @@ def test_without_prometheus_the_thread_says_the_impact_cannot_be_known():
         assert "longer than 18,432 tokens cannot be known: no Prometheus is configured" in details, details
     finally:
         w.stop()
+
+
+def test_the_share_of_minutes_a_new_max_num_seqs_would_have_queued(traffic):
+    # Gauges held constant: the workload's busiest pod runs 12 requests, the other 4; 3 wait on the first.
+    # Pods of another namespace and of a workload whose name starts alike (99 running) are not counted.
+    history = PrometheusTraffic(Prometheus(traffic.url), resolution_seconds=1)
+    assert history.share_above(NS, "vllm-llama3-8b", RUNNING, 8, 24) == pytest.approx(1.0)
+    assert history.share_above(NS, "vllm-llama3-8b", RUNNING, 12, 24) == pytest.approx(0.0)  # 12 is not above 12
+    assert history.share_above(NS, "no-such-workload", RUNNING, 8, 24) is None
+    impact = max_num_seqs_impact(history.share_above(NS, "vllm-llama3-8b", RUNNING, 8, 24),
+                                 history.share_above(NS, "vllm-llama3-8b", WAITING, 0, 24), 8)
+    assert impact.headline() == ("in about 100% of the last 24 hours' minutes a pod ran more than 8 requests at once "
+                                 "(those would have queued)")
+    assert "requests already waited in about 100% of them" in impact.sentence()

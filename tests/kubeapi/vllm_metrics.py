@@ -25,6 +25,8 @@ class PodTraffic:
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     # metric -> [(le, cumulative count)], the last le "+Inf"
     buckets: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    # gauge -> value (vllm:num_requests_running, vllm:num_requests_waiting), served as is
+    gauges: dict[str, float] = field(default_factory=dict)
 
 
 class VllmMetricsExporter:
@@ -47,6 +49,10 @@ class VllmMetricsExporter:
                     lines.append(f'{metric}_bucket{{{labels},le="{le}"}} {count if self.serving else 0}')
                 total = buckets[-1][1] if buckets and self.serving else 0
                 lines += [f"{metric}_count{{{labels}}} {total}", f"{metric}_sum{{{labels}}} {total * 100}"]
+        for gauge in sorted({g for p in self.pods for g in p.gauges}):
+            lines += [f"# HELP {gauge} Requests.", f"# TYPE {gauge} gauge"]
+            lines += [f'{gauge}{{model_name="{p.model}",namespace="{p.namespace}",pod="{p.pod}"}} {p.gauges[gauge]:g}'
+                      for p in self.pods if gauge in p.gauges]
         return "\n".join(lines) + "\n"
 
     def start(self) -> VllmMetricsExporter:

@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from bot.remedy.impact import GENERATION, PROMPT, Bucket, Histogram, longer_than, max_model_len_impact
+from bot.remedy.impact import (
+    GENERATION,
+    PROMPT,
+    Bucket,
+    Histogram,
+    longer_than,
+    max_model_len_impact,
+    max_num_seqs_impact,
+)
 
 
 def hist(metric: str, *pairs: tuple[float, float]) -> Histogram:
@@ -42,3 +50,12 @@ def test_missing_series_cannot_be_known():
     assert impact.share is None and impact.headline() is None
     assert impact.sentence().startswith("How many of the last 24 hours' requests are longer than 18,432 tokens "
                                         "cannot be known: Prometheus has no vllm:request_prompt_tokens series")
+
+
+def test_max_num_seqs_is_said_as_a_share_of_minutes_or_cannot_be_known():
+    impact = max_num_seqs_impact(0.021, 0.004, 128)
+    assert impact.headline() == ("in about 2.1% of the last 24 hours' minutes a pod ran more than 128 requests at "
+                                 "once (those would have queued)")
+    assert "requests already waited in about 0.4% of them" in impact.sentence()
+    unknown = max_num_seqs_impact(None, None, 128)
+    assert unknown.headline() is None and "more than 128 requests at once cannot be known" in unknown.sentence()
