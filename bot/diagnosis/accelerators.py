@@ -10,7 +10,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import yaml
+from bot.support import yamlload
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def _vendor(raw: dict[str, Any]) -> Vendor:
 @cache
 def vendors() -> tuple[Vendor, ...]:
     text = resources.files("bot.diagnosis").joinpath("data/accelerators.yaml").read_text(encoding="utf-8")
-    return tuple(_vendor(v) for v in yaml.safe_load(text)["vendors"])
+    return tuple(_vendor(v) for v in yamlload.safe_load(text)["vendors"])
 
 
 def vendor_of(resource: str) -> Vendor | None:

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from bot.diagnosis.models import revised
+from bot.support import yamlload
 
 SpecSource = Literal["catalogue", "bundle config.json", "hub"]
 HubLookup = Callable[[str], dict[str, Any] | None]
@@ -334,7 +335,7 @@ def _entry(raw: Any, where: str) -> CatalogueEntry:
 def load_catalogue() -> tuple[CatalogueEntry, ...]:
     data = resources.files("bot.diagnosis").joinpath("data/models.yaml")
     try:
-        raw = yaml.safe_load(data.read_text(encoding="utf-8"))
+        raw = yamlload.safe_load(data.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise CatalogueError(f"bot/diagnosis/data/models.yaml cannot be read ({exc})") from None
     if not isinstance(raw, list):

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from bot.diagnosis.models import BundleError, ContainerView, Evidence, LogText, NodeView, PodView
+from bot.support import yamlload
 
 LOG_NAMES = ("previous.log", "previous.txt", "log.txt")
 
@@ -49,7 +50,7 @@ def _load_yaml(path: Path, kind: str | None) -> Any:
     if not path.is_file():
         return None
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+        doc = yamlload.safe_load(path.read_text(encoding="utf-8", errors="replace"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -861,6 +861,12 @@ PAYLOAD_MARKS: tuple[LineShape, ...] = (
 # One anchored alternation for the prefixes (repeated), one search for the first payload marker.
 LINE_PREFIX = re.compile("(?:" + "|".join(f"(?:{p.pattern})" for p in LINE_PREFIXES) + r")*")
 PAYLOAD = re.compile("|".join(f"(?:{p.pattern})" for p in PAYLOAD_MARKS))
+# A request payload line (nothing but prefixes and white space before the first marker), in one
+# anchored match: the prefixes as LINE_PREFIX takes them (possessive: a greedy `*` with nothing
+# after it never gives anything back), then the marker. No marker starts with white space, so
+# the marker it finds is the first one after the prefixes, the one `message_span` finds.
+PAYLOAD_LINE = re.compile("(?:" + "|".join(f"(?:{p.pattern})" for p in LINE_PREFIXES) + r")*+\s*(?:"
+                          + PAYLOAD.pattern + ")")
 
 
 def message_span(line: str) -> tuple[int, int]:

@@ -49,6 +49,7 @@ from pydantic import (
 )
 
 from bot.diagnosis.models import ChangeKind
+from bot.support import yamlload
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ def vllm_names() -> VllmNames:
     for name, history in table.flags.items():
         last = history.ranges[-1][1]
         flags[name] = {"since": history.first, **({"until": last} if last != newest else {})}
-    doc = yaml.safe_load(VLLM_NAMES_FILE.read_text(encoding="utf-8"))
+    doc = yamlload.safe_load(VLLM_NAMES_FILE.read_text(encoding="utf-8"))
     return VllmNames(flags=flags, env=frozenset(doc["env"]), pytorch_env=frozenset(doc["pytorch_env"]))
 
 
@@ -472,7 +473,7 @@ def _format_error(path: Path, exc: ValidationError) -> str:
 
 def load_file(path: Path) -> Playbook:
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = yamlload.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise PlaybookError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(doc, dict):

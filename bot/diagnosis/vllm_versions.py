@@ -19,7 +19,7 @@ from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
+from bot.support import yamlload
 
 TABLE_FILE = Path(__file__).with_name("data") / "vllm_flag_history.yaml"
 
@@ -231,7 +231,7 @@ def _range(text: str) -> tuple[str, str]:
 @lru_cache(maxsize=1)
 def TABLE() -> FlagTable:  # one table, read once (named as the constant it is)
     """The checked-in table."""
-    doc = yaml.safe_load(TABLE_FILE.read_text(encoding="utf-8"))
+    doc = yamlload.safe_load(TABLE_FILE.read_text(encoding="utf-8"))
     flags = {}
     for name, entry in doc["flags"].items():
         flags[name] = FlagHistory(

@@ -1,4 +1,5 @@
-"""Cross-cutting helpers every layer may import: the one retry policy (`retrying.py`).
+"""Cross-cutting helpers every layer may import: the one retry policy (`retrying.py`), YAML parsed
+by libyaml (`yamlload.py`).
 
 Nothing here knows the pipeline: it imports no other bot package (a contract in pyproject.toml
 says so), so the pure core, the use cases and the adapters can all use it without an arrow

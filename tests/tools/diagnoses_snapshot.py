@@ -3,9 +3,11 @@ log reader or the playbook loader changes no diagnosis (issue 20: byte-identical
 
     python tests/tools/diagnoses_snapshot.py OUT.json [extra log files...]   # on the old tree
     python tests/tools/diagnoses_snapshot.py NEW.json [extra log files...]   # on the new tree
+    PYTHONPATH=OLD_CHECKOUT python ...   # the old tree without switching branches (git archive main)
     cmp OUT.json NEW.json   # or: python tests/tools/diagnoses_snapshot.py NEW.json --against OUT.json
 
-It runs `vllm-oncall diagnose` (JSON and text) in-process on every fixture bundle
+It runs `vllm-oncall diagnose` (JSON and text) and the log reader alone (every fact, hit line,
+head and tail line it kept) in-process on every fixture bundle
 (tests/fixtures/bundles, tests/fixtures/realvllm), every bundle of the shared corpus
 (../shared/corpus, when present) and any extra log files given (the generated 100 MB/1 GB logs).
 """
@@ -32,14 +34,20 @@ def bundles() -> list[Path]:
 def snapshot(logs: list[Path]) -> dict[str, dict[str, str]]:
     from bot.diagnosis.diagnose import diagnose
     from bot.diagnosis.evidence import load_bundle, load_log
+    from bot.diagnosis.logfacts import extract
+    from bot.diagnosis.playbooks import default_playbooks
     from bot.diagnosis.render import render_text
+
+    literals = [lit for b in default_playbooks() for lit in b.literals()]
 
     out = {}
     for source in bundles() + logs:
         evidence = load_log(source) if source.is_file() else load_bundle(source)
         result = diagnose(evidence, None)
         out[str(source.relative_to(ROOT.parent) if source.is_relative_to(ROOT.parent) else source)] = {
-            "json": json.dumps(result.to_public_json(), indent=2), "text": render_text(result)}
+            "json": json.dumps(result.to_public_json(), indent=2), "text": render_text(result),
+            # what the reader kept (facts, stages, errors, hit lines, head, tail): stricter than the diagnosis
+            "facts": extract(evidence.log, literals).model_dump_json(indent=1)}
     return out
 
 
