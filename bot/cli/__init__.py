@@ -102,9 +102,21 @@ def cmd_playbooks(args: argparse.Namespace) -> int:
     return 0
 
 
+class _VersionAction(argparse.Action):
+    """argparse's `version` action, with the version looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(f"vllm-oncall {cli_version.version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-oncall", description="Diagnose vLLM start-up crashes on Kubernetes.")
-    parser.add_argument("--version", action="version", version=f"vllm-oncall {cli_version.version()}")
+    parser.add_argument("--version", action=_VersionAction, help="show program's version number and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("diagnose", help="diagnose an evidence bundle folder (or a log file)")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
-from importlib import metadata
 from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -11,6 +9,11 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 def version() -> str:
     """The installed package's version; in a checkout that was never installed, pyproject's."""
+    # imported here: importlib.metadata (email, zipfile, ...) costs every command that parses
+    # its arguments, and only --version and serve's start-up line ask (issue 20)
+    import tomllib
+    from importlib import metadata
+
     try:
         return metadata.version("vllm-oncall")
     except metadata.PackageNotFoundError:

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 HEAVY = ("pydantic", "bot.diagnosis.playbooks", "bot.diagnosis.preflight", "bot.diagnosis.cmdline",
-         "bot.diagnosis.models", "bot.cli.settings", "kubernetes", "slack_bolt")
+         "bot.diagnosis.models", "bot.cli.settings", "kubernetes", "slack_bolt",
+         "importlib.metadata")  # the version lookup: only --version and serve's start-up line need it
 
 PROBE = """
 import contextlib, io, sys
@@ -19,7 +20,8 @@ with contextlib.redirect_stdout(io.StringIO()) as out:
     except SystemExit:
         pass
 assert "usage:" in out.getvalue(), out.getvalue()
-print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in ("pydantic", "bot", "kubernetes", "slack_bolt"))))
+print(" ".join(sorted(m for m in sys.modules
+                      if m.split(".")[0] in ("pydantic", "bot", "kubernetes", "slack_bolt") or m == "importlib.metadata")))
 """
 
 
@@ -38,3 +40,8 @@ def test_a_command_still_loads_what_it_needs():
     done = subprocess.run([sys.executable, "-c", "import sys\nfrom bot.cli import main\nmain(['playbooks'])\n"
                            "print('bot.diagnosis.playbooks' in sys.modules)"], capture_output=True, text=True)
     assert done.stdout.split()[-1] == "True"
+
+
+def test_version_still_answers():
+    done = subprocess.run([sys.executable, "-m", "bot.cli", "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("vllm-oncall ") and done.stdout.split()[1][0].isdigit()
