@@ -500,9 +500,10 @@ FORMATS: tuple[LogFormat, ...] = (
         versions="0.4.0-0.10.2 (V0; also V1 0.6.4-0.6.6)", source="vllm/worker/worker.py raise_if_cache_size_invalid"),
     LogFormat(
         "v1_maxlen",
-        r"max seq len \((\d+)\),\s*\(?([\d.]+) ?GI?B KV cache is needed, which is larger than the available KV cache "
-        r"memory \(([\d.]+) ?GI?B\)\.(?:\s*Based on the available memory,(?:\s*the estimated maximum model length is (\d+)\.)?)?",
-        flags=re.I,
+        # the literal verbatim, the rest in any case: the prefilter only lets lines holding the
+        # literal as written through, so a regex matching it in another case would promise more
+        r"max seq len (?i:\((\d+)\),\s*\(?([\d.]+) ?GI?B KV cache is needed, which is larger than the available KV cache "
+        r"memory \(([\d.]+) ?GI?B\)\.(?:\s*Based on the available memory,(?:\s*the estimated maximum model length is (\d+)\.)?)?)",
         literals=("max seq len",),
         puts=(number(0, "required_len", int), number(1, "kv_needed_gib"), number(2, "available_kv_gib", keep="min"),
               number(3, "estimated_max_len", int, keep="min")),
@@ -678,7 +679,7 @@ FORMATS: tuple[LogFormat, ...] = (
         "ray_pg",
         r"number of required GPUs exceeds the total number of available GPUs|Waiting for creating a placement group of specs"
         r"|Cannot provide a placement group",
-        literals=("placement group",),
+        literals=("placement group", "number of required GPUs exceeds"),
         puts=(flag("ray_placement_group_short"),),
         versions="texts cited at 0.4.3 and 0.10.2 (Ray backend, chosen silently when GPUs are short up to 0.12.x); "
                  "exact range unknown",
