@@ -233,6 +233,13 @@ def trusted_text(text: str) -> str:
     return text[:end].rstrip() if end > start and text[start:end].strip() else ""
 
 
+def _is_payload_line(raw: bytes) -> bool:
+    """`_clean` then `trusted_text` giving nothing, for the common one-part line, in one match:
+    most lines a keyword finds in a busy log are request payloads quoting a prompt."""
+    text = raw.decode("utf-8", errors="replace")
+    return "\r" not in text and "\x1b[" not in text and PAYLOAD_LINE.match(text[:MAX_LINE_CHARS]) is not None
+
+
 def _clean(raw: bytes) -> list[str]:
     """One physical line may hold several \r-separated tqdm frames; keep each."""
     text = raw.decode("utf-8", errors="replace")
@@ -343,7 +350,7 @@ class _Reader:
         for start in self.scanner.line_starts(block):
             end = block.find(b"\n", start)
             raw = block[start : end if end != -1 else len(block)]
-            if self._is_noise(raw):
+            if self._is_noise(raw) or _is_payload_line(raw):
                 continue
             for text in _clean(raw):
                 text = trusted_text(text)

@@ -15,7 +15,7 @@ from builders import SHARED_CORPUS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.diagnosis.logfacts import PACKED_PATTERNS, KeywordScanner, extract
+from bot.diagnosis.logfacts import PACKED_PATTERNS, KeywordScanner, _clean, _is_payload_line, extract, trusted_text
 from bot.diagnosis.logformats import FORMATS, KEYWORDS, PAYLOAD, PAYLOAD_LINE, message_span
 from bot.diagnosis.models import LogText
 from bot.diagnosis.playbooks import default_playbooks
@@ -131,6 +131,11 @@ PIECES = ["INFO 06-01 10:00:00 [logger.py:39] ", "(APIServer pid=1) ", "2026-06-
 def test_the_payload_line_match_says_what_message_span_says(pieces):
     text = "".join(pieces)
     assert (PAYLOAD_LINE.match(text) is not None) == _payload_by_span(text), text
+    # the reader's shortcut skips a line only when the full path would keep nothing of it
+    raw = text.encode()
+    full = [trusted_text(part) for part in _clean(raw)]
+    assert _is_payload_line(raw) == (PAYLOAD_LINE.match(text) is not None), text
+    assert not _is_payload_line(raw) or full == [""], text
 
 
 def test_the_payload_line_match_on_real_lines():
