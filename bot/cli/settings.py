@@ -103,9 +103,9 @@ class SlackSettings(Group):
     signing_secret: str | None = None
     channel: str = Field(min_length=1)
     api_url: str | None = None  # a Slack stand-in in tests; Slack's own URL when None
-    # Socket Mode: the WebSocket ping interval. A connection without a pong for 4 of them is
-    # taken as dead and replaced (slack_sdk), so this bounds how long a silently dropped socket
-    # goes unnoticed. Bolt's default, 10 s, unless set.
+    # Socket Mode: the WebSocket ping interval. A connection whose last 4 pings went unanswered
+    # (and no pong for 4 intervals) is taken as dead and replaced (bot/slack/socket_mode.py), so
+    # this bounds how long a silently dropped socket goes unnoticed. Bolt's default, 10 s, unless set.
     ping_seconds: float = Field(default=10, gt=0, le=300)
     max_attempts: int = Field(default=5, ge=1, le=20)
     max_retry_after_seconds: float = Field(default=60, ge=0)

@@ -67,6 +67,7 @@ from bot.slack.app import build_app
 from bot.slack.chat import SlackChat, make_client, post_budget
 from bot.slack.ids import parse_scopes
 from bot.slack.preflight import slack_problems
+from bot.slack.socket_mode import patient
 from bot.slack.terminal import TerminalChat
 from bot.support.retrying import RetryPolicy
 
@@ -250,8 +251,8 @@ def build(settings: Settings) -> Wiring:
             wiring.watches.append(each.watch)
             server.on_stop.append(each.watch.stop)
     if settings.slack.app_token:
-        wiring.socket_handler = SocketModeHandler(bolt_app, settings.slack.app_token,
-                                                  ping_interval=settings.slack.ping_seconds)
+        wiring.socket_handler = patient(SocketModeHandler(bolt_app, settings.slack.app_token,
+                                                          ping_interval=settings.slack.ping_seconds))
     return wiring
 
 

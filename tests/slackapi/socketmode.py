@@ -9,7 +9,8 @@ https://api.slack.com/apis/socket-mode documents it:
 - events as envelopes `{"envelope_id", "type": "interactive"|"slash_commands"|"events_api",
   "payload", "accepts_response_payload", "retry_attempt", "retry_reason"}`; the app acks one with
   `{"envelope_id", "payload"?}` on the same socket;
-- WebSocket pings are answered with pongs (and counted), and the server pings too (keepalive);
+- WebSocket pings are answered with pongs (and counted), and the server pings too (keepalive; a
+  late pong closes the connection only when `keepalive_timeout` is set);
 - `{"type": "disconnect", "reason": "refresh_requested"|"warning"|...}` when a test asks;
 - a test can also drop a connection abruptly: "reset" (TCP RST), "eof" (FIN without a close
   frame) or "silent" (a half-open connection: nothing is read or answered any more).
@@ -132,10 +133,15 @@ class _Counted(ServerConnection):
 
 class SocketModeStandIn:
     def __init__(self, app_id: str = "A0STANDIN", ack_timeout: float | None = 3.0, max_retries: int = 3,
-                 seed: int = 0, keepalive_seconds: float | None = 5.0, close_after_disconnect: float | None = 10.0):
+                 seed: int = 0, keepalive_seconds: float | None = 5.0, keepalive_timeout: float | None = None,
+                 close_after_disconnect: float | None = 10.0):
         self.app_id = app_id
         self.ack_timeout, self.max_retries = ack_timeout, max_retries
         self.keepalive_seconds = keepalive_seconds  # the server's own pings
+        # None: a late pong never closes the app's connection. The app's threads answer pings; on a
+        # busy test machine they answer late, and a stand-in that dropped them then would test the
+        # machine's load, not the app (which notices a dead socket by its own pings).
+        self.keepalive_timeout = keepalive_timeout
         self.close_after_disconnect = close_after_disconnect  # Slack closes a refreshed connection later
         self.random = random.Random(seed)
         # who gets an envelope: (open connections, envelope) -> one of them; None: a seeded random one
@@ -159,7 +165,7 @@ class SocketModeStandIn:
         async def listen() -> Server:
             return await serve(self._session, "127.0.0.1", 0, compression=None, create_connection=_Counted,
                                process_request=self._check_ticket, ping_interval=self.keepalive_seconds,
-                               ping_timeout=self.keepalive_seconds, close_timeout=1)
+                               ping_timeout=self.keepalive_timeout, close_timeout=1)
 
         def run() -> None:
             asyncio.set_event_loop(self._loop)
