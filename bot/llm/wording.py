@@ -137,11 +137,15 @@ class Commentator:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llm")
         self._client: Any = None
+        # The client's own time-out and ours are the same figure and race each other: whichever
+        # fires first, the model did not answer in time, and that is counted as a time-out.
+        self._timeouts: tuple[type[BaseException], ...] = (FutureTimeout,)
         if settings is not None:
             # Made here, not in the first call: importing the client takes seconds on a loaded
             # machine, which would spend the first incident's whole timeout.
-            from openai import OpenAI
+            from openai import APITimeoutError, OpenAI
 
+            self._timeouts = (FutureTimeout, APITimeoutError)
             self._client = OpenAI(base_url=settings.base_url, api_key=settings.api_key, timeout=timeout_seconds,
                                   max_retries=0)
 
@@ -155,7 +159,7 @@ class Commentator:
         future = self._pool.submit(self._ask, payload)
         try:
             text = future.result(timeout=self.timeout_seconds)
-        except FutureTimeout:
+        except self._timeouts:
             log.warning("LLM commentary skipped: no answer within %g s", self.timeout_seconds)
             return self._outcome("timeout")
         except Exception as exc:  # any endpoint failure: the incident is posted without commentary
