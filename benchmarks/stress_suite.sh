@@ -29,7 +29,7 @@ for i in $(seq 1 "$runs"); do
   if [ "$rc" -eq 0 ]; then verdict=PASS; else verdict=FAIL; failed=$((failed + 1)); fi
   printf 'run %d/%d under %d busy loops: %s in %dm%02ds (%s)\n' \
     "$i" "$runs" "$loops" "$verdict" $((secs / 60)) $((secs % 60)) "$summary"
-  [ "$rc" -eq 0 ] || grep -E '^(FAILED|ERROR) ' ".stress/run-$i.log" | sed 's/^/    /'
+  [ "$rc" -eq 0 ] || grep -E '^(FAILED|ERROR) tests/' ".stress/run-$i.log" | sed 's/^/    /'
 done
 echo "$((runs - failed))/$runs runs passed"
 [ "$failed" -eq 0 ]

@@ -45,6 +45,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,7 @@ log = logging.getLogger("bot.kube.watch")
 
 VLLM_COMMANDS = ("vllm serve", "vllm.entrypoints")
 HTTP_GONE = 410
+SEEN_VERSIONS = 256  # WatchStats.seen: bounded, a few per pod of a busy namespace
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,9 @@ class WatchStats:
     crashes: int = 0  # taken by the work queue (queued, folded or replacing a waiting one)
     dropped_crashes: int = 0  # the work queue refused them: max_pending_alerts already waiting
     errors: list[str] = field(default_factory=list)  # the last few, for logs and tests
+    # The resourceVersions of the last pod states handled (listed or watched, crashes submitted):
+    # what a test waits on instead of sleeping until the watch has "surely" seen an edit.
+    seen: deque[str] = field(default_factory=lambda: deque(maxlen=SEEN_VERSIONS))
 
 
 def is_vllm_container(container: dict[str, Any]) -> bool:
@@ -253,6 +258,8 @@ class PodWatch:
                                   for p in items), namespace)
         for crash in found:
             self._submit(crash)
+        self.stats.seen.extend(str(p["metadata"].get("resourceVersion") or "") for p in items)
+        self.stats.seen.append(rv)
         return rv
 
     def _follow(self, namespace: str | None, rv: str) -> tuple[str, bool]:
@@ -296,6 +303,7 @@ class PodWatch:
                 found = self._observe(obj, report=True)
         for crash in found:
             self._submit(crash)
+        self.stats.seen.append(new_rv)
         return new_rv
 
     def _observe(self, pod: dict[str, Any], report: bool) -> list[Crash]:
