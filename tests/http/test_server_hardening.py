@@ -223,12 +223,18 @@ def total(server, name: str, labels: tuple[str, ...]) -> float:
     return sum(counted(server, name, label) for label in labels)
 
 
+# The storms below end in 25 and 50 incidents, each diagnosed, read from the API and posted: on a
+# loaded machine (a failed run saw load 26 on 2 cores) that outlasted 60 s. The wait ends when the
+# queue is idle; this only bounds a stuck queue, like the watch storm's (tests/kube/test_watch_storm.py).
+WORK_BOUND = 300
+
+
 def test_a_valid_1000_alert_batch_is_accepted_and_handled(world, slack):
     server = world(workloads=25, replicas=10, work=WorkQueue(workers=2, queue_size=4))
     alerts = [alert(pod_name(w, r)) for w in range(25) for r in range(10)] * 4
     status, body = request(server, "/alerts", batch(alerts))
     assert status == 200 and json.loads(body)["accepted"] == 1000
-    assert server.executor.wait_idle(60)
+    assert server.executor.wait_idle(WORK_BOUND)
     assert total(server, "webhook_alerts", ("queued", "folded", "duplicate")) == 1000
     assert counted(server, "webhook_alerts", "duplicate") == 750
     assert len(slack.posts()) == 25
@@ -249,7 +255,7 @@ def test_a_10000_alert_storm_over_50_workloads_ends_with_50_messages(world, slac
     for thread in threads:
         thread.join(30)
     assert answers == [200] * 10  # never a 503
-    assert server.executor.wait_idle(60)
+    assert server.executor.wait_idle(WORK_BOUND)
     assert len(slack.posts()) == 50
     assert total(server, "webhook_alerts", ("queued", "folded", "duplicate")) == 10_000
     incidents = server.service.store.list()
