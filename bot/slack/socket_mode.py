@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from slack_bolt.adapter.socket_mode import SocketModeHandler
@@ -26,9 +27,10 @@ MISSED = 4  # slack_sdk's own figure, in intervals
 class PingWatch:
     """The client's session monitor (what slack_sdk's IntervalRunner calls every interval)."""
 
-    def __init__(self, client: Any, missed: int = MISSED):
+    def __init__(self, client: Any, missed: int = MISSED, clock: Callable[[], float] = time.time):
         self.client = client
         self.missed = missed
+        self.clock = clock  # wall time, as in the pong's payload (slack_sdk reads it back as a float)
         self._session: Any = None
         self._answered: float | None = None  # the send time carried by the latest pong seen
         self._unanswered = 0
@@ -50,10 +52,10 @@ class PingWatch:
             self._session, self._answered, self._unanswered = session, session.last_ping_pong_time, 0
         if session.last_ping_pong_time != self._answered:
             self._answered, self._unanswered = session.last_ping_pong_time, 0
-        now = time.time()
+        now = self.clock()
         if self._unanswered == 0:
             self._since = now
-        if self._unanswered >= self.missed and now - self._since > self.missed * self.client.ping_interval:
+        if self._unanswered >= self.missed and now - self._since >= self.missed * self.client.ping_interval:
             log.info("Socket Mode: %d pings in a row went unanswered; replacing the connection", self._unanswered)
             session.disconnect()
             return
