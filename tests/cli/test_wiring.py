@@ -81,8 +81,9 @@ def test_a_new_pod_that_crashes_during_verification_is_rediagnosed_with_the_oper
     rollout = service.store.get(incident.name).applied.rollout
     assert rollout.outcome == "crashed"
     assert "The site's model cache returned a corrupt shard" in rollout.message, rollout.message
-    assert any("corrupt shard" in str(reply.params.get("blocks") or reply.params.get("text"))
-               for reply in slack.replies())
+    # the thread reply follows the state write: wait for it (a loaded run looked before it came)
+    assert wait_for(lambda: any("corrupt shard" in str(reply.params.get("blocks") or reply.params.get("text"))
+                                for reply in slack.replies()), timeout=30)
 
 
 def test_a_pod_with_a_forged_owner_is_never_patched(wired, kube_api):
