@@ -17,6 +17,12 @@ A 10,000-alert storm over 50 workloads is therefore at most 50 items and one han
 distinct pod, never a 503; a crash storm of 3,000 pods over 750 workloads through the watch is at
 most 750 pending crashes, one per workload, and none is dropped.
 
+Workers run in parallel across workloads and in order within one: an item is taken only when none
+of its fold keys is being worked on (`busy`), so two alerts of one workload never run at the same
+time, and the later one never overtakes the earlier. The pool size is `workers`
+(VLLM_ONCALL_WORKERS, default 4: the work waits on the Kubernetes API and Slack far more than it
+computes, so on 2 cores a few more threads than cores keep both busy).
+
 The fold key is not an owner: it decides only which work waits together. Which workload a pod
 belongs to, the one a fix would change, is read from the cluster and checked
 (bot.remedy.ownership.resolve_owner); a pod whose name misleads the fold key costs a worker's
@@ -91,6 +97,7 @@ class WorkQueue:
         self.pending_alerts = 0
         self.peak_pending = 0  # the most alerts and crashes ever waiting at once: what memory held
         self.running = 0
+        self.busy: set[str] = set()  # the fold keys of the items being worked on now
         self._next_fold = 0
         self._stopped = False
         self._lock = threading.Condition()
@@ -135,16 +142,23 @@ class WorkQueue:
         self.by_key[key] = item
         return item, outcome
 
+    def _ready(self) -> WorkItem | None:
+        """The oldest pending item none of whose workloads is being worked on (the lock held)."""
+        return next((item for item in self.queue if self.busy.isdisjoint(item.keys)), None)
+
     def _work(self) -> None:
         while True:
             with self._lock:
-                self._lock.wait_for(lambda: self.queue or self._stopped)
+                self._lock.wait_for(lambda: self._stopped or self._ready() is not None)
                 if self._stopped:
                     return
-                item = self.queue.popleft()
+                item = self._ready()
+                assert item is not None  # the wait above
+                self.queue.remove(item)
                 for key in item.keys:
                     if self.by_key.get(key) is item:
                         del self.by_key[key]
+                self.busy |= item.keys
                 self.pending_alerts -= len(item.targets)
                 self.running += 1
             try:
@@ -152,6 +166,7 @@ class WorkQueue:
             finally:
                 with self._lock:
                     self.running -= 1
+                    self.busy -= item.keys
                     self._lock.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
