@@ -6,9 +6,11 @@ has not crashed (yet). The evidence the watch or the alert collected is therefor
 incident (`Incident.evidence`), bounded, and `/vllm why` diagnoses from it when the collect says
 the previous log is gone, saying when it was collected.
 
-What is kept is what the diagnosis reads, raw (the numbers in the log lines, the pod's command
-line, limits and last state, the node's GPU labels and capacity, the events); messages built from
-it go through the same redaction as any other. Bounds: the first HEAD_CHARS and the last
+What is kept is what the diagnosis reads (the numbers in the log lines, the pod's command line,
+limits and last state, the node's GPU labels and capacity, the events), redacted here, once, when
+it is kept: a CachedEvidence is only ever made by `keep`, so every later step (each store write,
+each render) stores and shows this redacted form as it is, without redacting it again. The text
+rules leave vLLM's numbers alone, so the diagnosis from it is the same. Bounds: the first HEAD_CHARS and the last
 TAIL_CHARS of the log (vLLM prints its config at the top and dies at the bottom; the middle is
 request logs), the pod and node without managedFields, at most EVENTS events.
 """
@@ -21,6 +23,7 @@ from typing import Any
 from pydantic import Field
 
 from bot.diagnosis.models import Evidence, LogText
+from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.remedy.models import Model
 
 HEAD_CHARS = 48 * 1024
@@ -76,17 +79,20 @@ def _slim(obj: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def keep(evidence: Evidence, now: datetime) -> CachedEvidence | None:
-    """The evidence to store with the incident; None when it is not worth keeping (its log is
-    the current container's, the previous one being gone already)."""
+def keep(evidence: Evidence, now: datetime, redactor: Redactor = DEFAULT) -> CachedEvidence | None:
+    """The evidence to store with the incident, redacted; None when it is not worth keeping (its
+    log is the current container's, the previous one being gone already). The log's text goes
+    through the text rules, the pod's containers through the argv and env rules, everything else
+    through the text rules."""
     if previous_log_gone(evidence):
         return None
     text, truncated = _log_text(evidence.log)
     if not text.strip():
         return None
     return CachedEvidence(collected_at=now, source=evidence.source, container=evidence.container,
-                          log_text=text, truncated_middle=truncated, pod=_slim(evidence.pod),
-                          node=_slim(evidence.node), events=list(evidence.events)[-EVENTS:])
+                          log_text=redactor.text(text), truncated_middle=truncated,
+                          pod=redactor.structure(_slim(evidence.pod)), node=redactor.structure(_slim(evidence.node)),
+                          events=redactor.structure(list(evidence.events)[-EVENTS:]))
 
 
 def restore(cached: CachedEvidence) -> Evidence:

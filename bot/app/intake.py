@@ -95,7 +95,7 @@ class Intake:
             chat_channel=channel, proposal=proposal, diagnosis=diagnosis,
             # the creator posts it: no other replica does meanwhile; its message's identity is stored first
             post_lease=new.lease, post_key=new.key, post_since=new.since,
-            evidence=evidence_cache.keep(evidence, now),  # for /vllm why once the previous log is gone
+            evidence=evidence_cache.keep(evidence, now, self.proposer.policy.redactor),  # for /vllm why once the previous log is gone
             history=[f"{iso(now)} created from pod {target.pod}"],
         )
 
@@ -115,7 +115,7 @@ class Intake:
             counters = {"last_seen": now, "alert_count": incident.alert_count + 1,
                         "pods": (incident.pods + ([pod] if pod not in incident.pods else []))[-POD_LIMIT:],
                         "restarts": max(incident.restarts or 0, diagnosis.restarts or 0),
-                        "evidence": evidence_cache.keep(evidence, now) or incident.evidence}
+                        "evidence": evidence_cache.keep(evidence, now, self.proposer.policy.redactor) or incident.evidence}
             reopened = incident.state == IncidentState.RESOLVED
             if not reopened:
                 return incident.revised(**counters)

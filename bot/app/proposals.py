@@ -10,6 +10,7 @@ from typing import Any
 from bot.app.incidents import incident_name
 from bot.app.policy import PROPOSALS_ONLY, Policy
 from bot.app.ports import ClusterPort, TrafficHistory
+from bot.app.redaction import mark_redacted
 from bot.app.state import IncidentState
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.models import DiagnosisResult, Evidence, revised
@@ -102,7 +103,8 @@ class Proposer:
         # Sealed as it will be stored and shown: secrets in command lines and patch values masked
         # (the apply path restores them from the live object), so the digest the button carries
         # is the digest of the stored record.
-        return redact_proposal(revised(proposal, **update), self.policy.redactor).sealed()
+        redactor = self.policy.redactor
+        return mark_redacted(redact_proposal(revised(proposal, **update), redactor).sealed(), redactor)
 
     def recheck(self, name: str, stored: Proposal) -> Recheck:
         """Re-derive incident `name`'s proposal now, from the live workload, its pod's evidence

@@ -9,82 +9,94 @@ and the patch applied is re-derived from the live object (plan.exact_patch / pla
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, TypeVar
+import weakref
+from typing import Any
 
-from pydantic import BaseModel
-
-from bot.app.evidence_cache import CachedEvidence
 from bot.app.records import Incident
 from bot.diagnosis.models import DiagnosisResult, revised
 from bot.diagnosis.redact import DEFAULT, Redactor
+from bot.remedy.models import Proposal
 from bot.remedy.plan import redact_proposal
 
 
+# ---- redacted once --------------------------------------------------------------------------
+#
+# A record (an incident, its diagnosis, its proposal) that a redactor made, or that a store read
+# back from what it wrote redacted, is marked with that redactor: every later store write and
+# render takes it as it is instead of redacting it again. The mark is on the object (by identity,
+# dropped with the object), never on its content: a record revised afterwards is a new object,
+# unmarked, and is redacted again. Nothing is serialised or compared to find out.
+
+_marks: dict[int, Redactor] = {}
+
+
+def mark_redacted(record: Any, redactor: Redactor) -> Any:
+    """`record`, marked as `redactor`'s output (see above)."""
+    key = id(record)
+    if key not in _marks:
+        weakref.finalize(record, _marks.pop, key, None)  # before the id can be reused
+    _marks[key] = redactor
+    return record
+
+
+def redacted_by(record: Any, redactor: Redactor) -> bool:
+    return _marks.get(id(record)) is redactor
+
+
 def redacted_diagnosis(diagnosis: DiagnosisResult, redactor: Redactor = DEFAULT) -> DiagnosisResult:
+    if redacted_by(diagnosis, redactor):
+        return diagnosis  # made by this redactor already (mark_redacted above)
     text = redactor.text
-    return revised(
+    return mark_redacted(revised(
         diagnosis, title=text(diagnosis.title), explanation=text(diagnosis.explanation),
         evidence=[text(line) for line in diagnosis.evidence], memory_picture=text(diagnosis.memory_picture),
         command_before=redactor.args(diagnosis.command_before),
-        command_after=redactor.args(diagnosis.command_after), facts=redactor.structure(diagnosis.facts))
+        command_after=redactor.args(diagnosis.command_after), facts=redactor.structure(diagnosis.facts)), redactor)
 
 
 def redacted_incident(incident: Incident, redactor: Redactor = DEFAULT) -> Incident:
     """A copy with the diagnosis, the proposal's display fields and patch values, and the
-    history redacted. Idempotent: redacting a redacted incident changes nothing."""
-    return incident.revised(
-        diagnosis=_once(redacted_diagnosis, incident.diagnosis, redactor) if incident.diagnosis else None,
-        proposal=_once(redact_proposal, incident.proposal, redactor) if incident.proposal else None,
-        history=[_text(line, redactor) for line in incident.history],
-        applied=revised(incident.applied, message=_text(incident.applied.message, redactor))
+    history redacted. Idempotent: redacting a redacted incident changes nothing.
+
+    The evidence kept for `/vllm why` (up to 112 KB of log) is not redacted here: it was redacted
+    once, when it was kept (bot.app.evidence_cache.keep, the only maker of a CachedEvidence), and
+    every store write and render takes it as it is. The diagnosis and the proposal are redacted
+    once too: a part this redactor made, or a store read back, is marked and taken as it is
+    (mark_redacted above); so is a whole incident a store read back."""
+    if redacted_by(incident, redactor):
+        return incident
+    return mark_redacted(incident.revised(
+        diagnosis=redacted_diagnosis(incident.diagnosis, redactor) if incident.diagnosis else None,
+        proposal=_redacted_proposal(incident.proposal, redactor) if incident.proposal else None,
+        history=redacted_lines(incident.history, redactor),
+        applied=revised(incident.applied, message=redactor.text(incident.applied.message))
         if incident.applied else None,
-        evidence=_once(redacted_evidence, incident.evidence, redactor) if incident.evidence else None,
-    )
+    ), redactor)
 
 
-def redacted_evidence(kept: CachedEvidence, redactor: Redactor = DEFAULT) -> CachedEvidence:
-    """The evidence kept with an incident for `/vllm why`: the log's text through the text rules
-    (which leave vLLM's numbers alone: the diagnosis from it is the same), the pod's containers
-    through the argv and env rules, everything else through the text rules."""
-    return revised(kept, log_text=redactor.text(kept.log_text), pod=redactor.structure(kept.pod),
-                   node=redactor.structure(kept.node), events=redactor.structure(kept.events))
+def _redacted_proposal(proposal: Proposal, redactor: Redactor) -> Proposal:
+    if redacted_by(proposal, redactor):
+        return proposal
+    return mark_redacted(redact_proposal(proposal, redactor), redactor)
 
 
-# ---- each part redacted once ---------------------------------------------------------------
-#
-# Every store write redacts the whole incident, and most of it (the diagnosis, the proposal, the
-# evidence kept for `/vllm why`, the older history lines) is what the previous write redacted:
-# the same input through the same redactor gives the same output, so it is computed once and
-# remembered (bounded). Keyed by the redactor object itself (held by the key, so its id is never
-# reused by another redactor) and the part's exact content.
-
-M = TypeVar("M", bound=BaseModel)
-_REMEMBERED = 256
-_memo: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-_memo_lock = threading.Lock()
-
-
-def _remembered(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-    with _memo_lock:
-        if key in _memo:
-            _memo.move_to_end(key)
-            return _memo[key]
-    value = make()
-    with _memo_lock:
-        _memo[key] = value
-        while len(_memo) > _REMEMBERED:
-            _memo.popitem(last=False)
-    return value
+def redacted_lines(lines: list[str], redactor: Redactor) -> list[str]:
+    """Each line redacted, in one pass over them all (the combined scan runs once, not once per
+    line); line by line when a rule's match spanned two of them (a multi-line key), so a line
+    never takes another's text."""
+    if not lines:
+        return []
+    if not any("\n" in line for line in lines):
+        joined = redactor.text("\n".join(lines)).split("\n")
+        if len(joined) == len(lines):
+            return joined
+    return [redactor.text(line) for line in lines]
 
 
-def _once(redact: Callable[[M, Redactor], M], part: M, redactor: Redactor) -> M:
-    """`redact(part, redactor)`, computed once per distinct part; a copy, so no caller shares it."""
-    done = _remembered((redact.__name__, redactor, part.model_dump_json()), lambda: redact(part, redactor))
-    return done.model_copy(deep=True)
-
-
-def _text(line: str, redactor: Redactor) -> str:
-    return _remembered(("text", redactor, line), lambda: redactor.text(line))
+def marked_as_stored(incident: Incident, redactor: Redactor) -> Incident:
+    """An incident a store read back from what it wrote (redacted by `redactor`): marked, with
+    its diagnosis and proposal, so the next write or render does not redact it again."""
+    for part in (incident.diagnosis, incident.proposal):
+        if part is not None:
+            mark_redacted(part, redactor)
+    return mark_redacted(incident, redactor)

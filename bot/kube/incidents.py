@@ -17,7 +17,7 @@ from bot.app.incidents import (
 )
 from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident
-from bot.app.redaction import redacted_incident
+from bot.app.redaction import marked_as_stored, redacted_incident
 from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.kube.errors import KubeConflict, KubeNotFound
 
@@ -94,19 +94,23 @@ class KubeIncidentStore:
 
         return cls(KubeApi(api_client_from_environment(context)), namespace)
 
+    def _read(self, obj: dict[str, Any]) -> Incident:
+        """The incident as this store wrote it: redacted by its redactor, so marked as such."""
+        return marked_as_stored(from_custom_object(obj), self.redactor)
+
     def create(self, incident: Incident) -> Incident:
         try:
             obj = self.api.create_custom(GROUP, VERSION, self.namespace, PLURAL, to_custom_object(incident, self.redactor))
         except KubeConflict:  # 409 AlreadyExists
             raise IncidentExists(incident.name) from None
-        return from_custom_object(obj)
+        return self._read(obj)
 
     def get(self, name: str) -> Incident | None:
         try:
             obj = self.api.get_custom(GROUP, VERSION, self.namespace, PLURAL, name)
         except KubeNotFound:
             return None
-        return from_custom_object(obj)
+        return self._read(obj)
 
     def update(self, incident: Incident) -> Incident:
         if not incident.version:
@@ -118,9 +122,9 @@ class KubeIncidentStore:
             obj = self.api.patch_custom(GROUP, VERSION, self.namespace, PLURAL, incident.name, patch)
         except (KubeNotFound, KubeConflict) as exc:
             raise IncidentConflict(f"{incident.name}: {exc.reason}") from None
-        return from_custom_object(obj)
+        return self._read(obj)
 
     def list(self, **labels: str) -> list[Incident]:
         selector = ",".join(f"{LABEL_PREFIX}{k}={selector_value(k, v)}" for k, v in labels.items())
         items = self.api.list_custom(GROUP, VERSION, self.namespace, PLURAL, label_selector=selector or None)
-        return [from_custom_object(item) for item in items]
+        return [self._read(item) for item in items]

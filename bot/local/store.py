@@ -12,7 +12,7 @@ from pathlib import Path
 from bot.app.incidents import matches
 from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident
-from bot.app.redaction import redacted_incident
+from bot.app.redaction import marked_as_stored, redacted_incident
 from bot.diagnosis.redact import DEFAULT, Redactor
 
 # The file's keys for the incident's message, as every earlier version wrote them (as in the
@@ -65,14 +65,14 @@ class FolderIncidentStore:
                 f.write(_text(stored))
                 f.flush()
                 os.fsync(f.fileno())
-        return stored
+        return marked_as_stored(stored, self.redactor)
 
     def get(self, name: str) -> Incident | None:
         path = self._path(name)
         if not path.exists():
             return None
         with self._locked(name, exclusive=False):
-            return _read(path)
+            return marked_as_stored(_read(path), self.redactor)
 
     def update(self, incident: Incident) -> Incident:
         path = self._path(incident.name)
@@ -90,7 +90,7 @@ class FolderIncidentStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)  # readers see the old or the new file, never half of one
-        return stored
+        return marked_as_stored(stored, self.redactor)
 
     def list(self, **labels: str) -> list[Incident]:
         out = []
