@@ -40,6 +40,7 @@ WORKLOAD_RESOURCES = {
     "ReplicaSet": ("replica_set", "replicasets"),
 }
 JSON_PATCH = "application/json-patch+json"
+PAGE_SIZE = 500  # items per list page (limit/continue), as kubectl asks
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -138,6 +139,7 @@ class KubeApi:
         self.custom = client.CustomObjectsApi(api_client)
         self.retry = retry or RetryPolicy()
         self.request_timeout = request_timeout
+        self.page_size = PAGE_SIZE
         self.patch_timeout, self.patch_retry = request_timeout, self.retry
         if patch_within is not None:
             self.patch_timeout, budget = patch_bounds(patch_within, request_timeout)
@@ -170,14 +172,32 @@ class KubeApi:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call("get", "pods", namespace, self.core.read_namespaced_pod, name, namespace)
 
+    def _list(self, resource: str, namespace: str | None, fn: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> list[dict[str, Any]]:
+        return [item for page, _ in self._pages(resource, namespace, fn, *args, **kwargs) for item in page]
+
+    def _pages(self, resource: str, namespace: str | None, fn: Callable[..., Any], *args: Any,
+               **kwargs: Any) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """A list, page by page (`limit` / `continue`): (items, the list's resourceVersion). A
+        namespace of 10,000 pods is never one answer held whole in memory, and the caller may
+        let each page go before the next is read."""
+        token: str | None = None
+        while True:
+            body = self._call("list", resource, namespace, fn, *args, limit=self.page_size,
+                              _continue=token, **kwargs) or {}
+            meta = body.get("metadata") or {}
+            yield list(body.get("items") or []), str(meta.get("resourceVersion") or "")
+            token = meta.get("continue")
+            if not token:
+                return
+
     def list_pods(self, namespace: str, label_selector: str | None = None,
                   field_selector: str | None = None) -> list[dict[str, Any]]:
-        return self._call("list", "pods", namespace, self.core.list_namespaced_pod, namespace,
-                          label_selector=label_selector, field_selector=field_selector)["items"]
+        return self._list("pods", namespace, self.core.list_namespaced_pod, namespace,
+                          label_selector=label_selector, field_selector=field_selector)
 
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
-        return self._call("list", "pods", None, self.core.list_pod_for_all_namespaces,
-                          field_selector=f"spec.nodeName={node}")["items"]
+        return self._list("pods", None, self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
 
     def read_log(self, namespace: str, pod: str, container: str, previous: bool = False,
                  limit_bytes: int | None = None, tail_lines: int | None = None) -> str:
@@ -194,8 +214,8 @@ class KubeApi:
             raise
 
     def list_events(self, namespace: str, involved_name: str) -> list[dict[str, Any]]:
-        return self._call("list", "events", namespace, self.core.list_namespaced_event, namespace,
-                          field_selector=f"involvedObject.name={involved_name}")["items"]
+        return self._list("events", namespace, self.core.list_namespaced_event, namespace,
+                          field_selector=f"involvedObject.name={involved_name}")
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
         return self._call("create", "events", namespace, self.core.create_namespaced_event, namespace, event)
@@ -220,8 +240,8 @@ class KubeApi:
             return None
 
     def list_replicasets(self, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
-        return self._call("list", "replicasets.apps", namespace, self.apps.list_namespaced_replica_set,
-                          namespace, label_selector=label_selector)["items"]
+        return self._list("replicasets.apps", namespace, self.apps.list_namespaced_replica_set,
+                          namespace, label_selector=label_selector)
 
     def patch_workload(self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]],
                        dry_run: bool = False) -> dict[str, Any]:
@@ -245,8 +265,8 @@ class KubeApi:
 
     def list_custom(self, group: str, version: str, namespace: str, plural: str,
                     label_selector: str | None = None) -> list[dict[str, Any]]:
-        return self._call("list", f"{plural}.{group}", namespace, self.custom.list_namespaced_custom_object,
-                          group, version, namespace, plural, label_selector=label_selector)["items"]
+        return self._list(f"{plural}.{group}", namespace, self.custom.list_namespaced_custom_object,
+                          group, version, namespace, plural, label_selector=label_selector)
 
     def patch_custom(self, group: str, version: str, namespace: str, plural: str, name: str,
                      body: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
@@ -256,16 +276,22 @@ class KubeApi:
                           _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
 
 
+    def pod_pages(self, namespace: str | None, label_selector: str | None = None
+                  ) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """Pods of a namespace (None: all), page by page, each with the list's resourceVersion to
+        watch from (bot.kube.watch)."""
+        if namespace is None:
+            return self._pages("pods", None, self.core.list_pod_for_all_namespaces, label_selector=label_selector)
+        return self._pages("pods", namespace, self.core.list_namespaced_pod, namespace, label_selector=label_selector)
+
     def list_pods_versioned(self, namespace: str | None, label_selector: str | None = None
                             ) -> tuple[list[dict[str, Any]], str]:
-        """Pods of a namespace (None: all) and the list's resourceVersion, to watch from (bot.kube.watch)."""
-        if namespace is None:
-            body = self._call("list", "pods", None, self.core.list_pod_for_all_namespaces,
-                              label_selector=label_selector)
-        else:
-            body = self._call("list", "pods", namespace, self.core.list_namespaced_pod, namespace,
-                              label_selector=label_selector)
-        return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")
+        """Pods of a namespace (None: all) and the list's resourceVersion, to watch from."""
+        items: list[dict[str, Any]] = []
+        rv = ""
+        for page, rv in self.pod_pages(namespace, label_selector):
+            items.extend(page)
+        return items, rv
 
     def watch_pods(self, namespace: str | None, resource_version: str, label_selector: str | None = None,
                    timeout_seconds: int = 300, on_open: Callable[[Any], object] | None = None

@@ -245,17 +245,22 @@ class PodWatch:
         log.warning("pod watch (%s) failed, reconnecting: %s", namespace or "all", text)
 
     def _list(self, namespace: str | None, report: bool) -> str:
-        items, rv = self.api.list_pods_versioned(namespace, self.settings.label_selector)
-        self.stats.lists += 1
+        """The initial list, page by page (limit/continue): each page is observed and let go
+        before the next is read, so 10,000 pods are never held at once."""
+        rv = ""
+        seen: list[tuple[str, str]] = []
         found = []
+        for items, rv in self.api.pod_pages(namespace, self.settings.label_selector):
+            with self._lock:
+                for pod in items:
+                    meta = pod.setdefault("metadata", {})
+                    if namespace is not None:
+                        meta.setdefault("namespace", namespace)
+                    seen.append((meta.get("namespace", ""), meta.get("name", "")))
+                    found.extend(self._observe(pod, report))
+        self.stats.lists += 1
         with self._lock:
-            for pod in items:
-                pod.setdefault("metadata", {})
-                if namespace is not None:
-                    pod["metadata"].setdefault("namespace", namespace)
-                found.extend(self._observe(pod, report))
-            self.state.keep_only(((p["metadata"].get("namespace", ""), p["metadata"].get("name", ""))
-                                  for p in items), namespace)
+            self.state.keep_only(seen, namespace)
         for crash in found:
             self._submit(crash)
         self.stats.seen.extend(str(p["metadata"].get("resourceVersion") or "") for p in items)

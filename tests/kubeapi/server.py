@@ -237,6 +237,7 @@ class FakeKube(Streams):
         self.commit_faults: list[CommitFault] = []
         self.chaos: Chaos | None = None
         self.calls: list[Call] = []
+        self.list_pages: list[str] = []  # the kind of every list page served (limit/continue)
         self.discovery_calls: list[str] = []  # discovery paths asked for (kubectl), kept out of `calls`
         self.resource_version = 1000
         self.on_write: Callable[[FakeKube, dict[str, Any], dict[str, Any] | None], None] | None = None
@@ -480,8 +481,7 @@ class FakeKube(Streams):
                         item.pop("kind", None)
                         item.pop("apiVersion", None)
                     items.append(item)
-                return 200, {"kind": f"{kind}List", "apiVersion": api_version,
-                             "metadata": {"resourceVersion": str(self.resource_version)}, "items": items}, {}
+                return 200, self._page(kind, api_version, items, query), {}
             if verb == "create":
                 return self._create(group, resource, kind, api_version, ns, plural, body, dry_run)
             if verb == "watch":
@@ -589,6 +589,19 @@ class FakeKube(Streams):
         meta["resourceVersion"] = self._next_rv()
         self.objects[key] = obj
         return 201, copy.deepcopy(obj), {}
+
+    def _page(self, kind: str, api_version: str, items: list[dict], query: dict[str, str]) -> dict:
+        """One page of a list (`limit`, `continue`), as kube-apiserver pages: the token names where
+        the next page starts; every page carries the list's resourceVersion."""
+        self.list_pages.append(kind)
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or 0)
+        page = items[start:start + limit] if limit > 0 else items[start:]
+        meta: dict[str, Any] = {"resourceVersion": str(self.resource_version)}
+        if limit > 0 and start + limit < len(items):
+            meta["continue"] = str(start + limit)
+            meta["remainingItemCount"] = len(items) - start - limit
+        return {"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page}
 
     def _log(self, ns: str, pod_name: str, query: dict[str, str]) -> str:
         with self.lock:
