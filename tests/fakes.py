@@ -51,6 +51,13 @@ class FakeCluster:
         names = [p for (ns, p) in self.pods if ns == namespace] + sorted(set(self.pods.values()))
         raise PodNotFound(namespace, name, difflib.get_close_matches(name, names, n=5, cutoff=0.4))
 
+    def read_pod(self, namespace: str, pod: str) -> dict:
+        if (namespace, pod) not in self.pods:
+            raise PodNotFound(namespace, pod)
+        doc = dict(load_bundle(self.bundle).pod or {})
+        doc["metadata"] = {**doc.get("metadata", {}), "name": pod, "namespace": namespace}
+        return doc
+
     def collect(self, namespace: str, pod: str, container: str | None = None) -> Evidence:
         if (namespace, pod) not in self.pods:
             raise PodNotFound(namespace, pod)

@@ -8,8 +8,11 @@ it first posts it (holding the post lease); every later alert only updates its c
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from datetime import datetime
+from typing import Any
 
 from bot.app import evidence_cache
 from bot.app.cas import IncidentCas, iso, moved
@@ -21,12 +24,53 @@ from bot.app.posting import NewPost, Poster
 from bot.app.proposals import Proposer, open_state
 from bot.app.records import AlertTarget, Incident, Note, NoteKind
 from bot.app.state import IncidentState, can_move, check_opening
+from bot.diagnosis.evidence import pick_container
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.remedy.models import Proposal, WorkloadRef
 
 log = logging.getLogger(__name__)
 
 POD_LIMIT = 20  # pod names kept per incident: crash-looping pods get replaced over days
+REMEMBERED = 4096  # pods and incident names this process remembers (bounded: an LRU)
+
+
+def crash_mark(pod: dict[str, Any], container: str | None) -> Hashable:
+    """What tells the container's last crash from the next one: the pod's uid, the container's
+    restart count and its last termination. The same mark again is the same crash: Alertmanager
+    repeating itself, or an HA pair's second copy."""
+    chosen = pick_container(pod, container) or {}
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    status = next((s for s in statuses if s.get("name") == chosen.get("name")), None) or {}
+    last = (status.get("lastState") or {}).get("terminated") or {}
+    return ((pod.get("metadata") or {}).get("uid"), chosen.get("name"), status.get("restartCount"),
+            last.get("containerID"), last.get("finishedAt"), last.get("exitCode"))
+
+
+class Remembered:
+    """A bounded, thread-safe map (least recently used first out)."""
+
+    def __init__(self, size: int = REMEMBERED):
+        self.size = size
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        with self._lock:
+            if key not in self._items:
+                return None
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def forget(self, key: Hashable) -> None:
+        with self._lock:
+            self._items.pop(key, None)
 
 
 class Intake:
@@ -37,6 +81,11 @@ class Intake:
         # Optional (bot.app.commentary.Commentary): called once a new incident is posted, returns
         # at once; a repeat alert never calls it.
         self.commentary: Callable[[Incident | None, Evidence | None], object] | None = None
+        # What this process saw, so a repeat costs what it must: the last crash handled per alerted
+        # pod (-> its incident), and the incident names known to exist. Only shortcuts: a pod or
+        # incident not remembered (another replica, a restart) takes the full path.
+        self._crashes = Remembered()
+        self._names = Remembered()
 
     def handle_alert(self, target: AlertTarget) -> Incident | None:
         """A firing alert opens or updates the incident of (workload, cause); a resolved one
@@ -45,6 +94,9 @@ class Intake:
         if not target.firing:
             return self._resolve(target)
         try:
+            repeat = self._same_crash_again(target)
+            if repeat is not None:
+                return repeat
             evidence = self.cluster.collect(target.namespace, target.pod, target.container)
         except PodNotFound as exc:
             log.warning("alert for a pod that is gone: %s", exc)
@@ -56,33 +108,79 @@ class Intake:
             log.exception("could not collect evidence for %s/%s", target.namespace, target.pod)
             self.metrics.alerts_skipped.labels("collect_failed").inc()
             return None
-        return self.open_or_update(target, evidence, channel=None)
+        incident = self.open_or_update(target, evidence, channel=None)
+        if incident is not None and evidence.pod:
+            self._crashes.put(self._alert_key(target), (crash_mark(evidence.pod, evidence.container), incident.name))
+        return incident
+
+    def _alert_key(self, target: AlertTarget) -> Hashable:
+        return target.namespace, target.pod, target.container or ""
+
+    def _same_crash_again(self, target: AlertTarget) -> Incident | None:
+        """A repeat of an alert this process handled, for the crash it handled (the pod read
+        alone says so: bot.app.intake.crash_mark): counted on its incident, and nothing else:
+        no log read, no diagnosis, no owner reads. None: not such a repeat (a new crash, an
+        incident resolved or gone meanwhile), handle it in full."""
+        seen = self._crashes.get(self._alert_key(target))
+        if seen is None:
+            return None
+        mark, name = seen
+        pod = self.cluster.read_pod(target.namespace, target.pod)
+        if crash_mark(pod, target.container) != mark:
+            return None
+
+        def count(incident: Incident) -> Incident | None:
+            if incident.state == IncidentState.RESOLVED:
+                return None  # crashing again after it was resolved: the full path reopens it
+            return incident.revised(last_seen=self.clock(), alert_count=incident.alert_count + 1)
+
+        incident = self.cas.mutate(name, count)
+        if incident is None or incident.state == IncidentState.RESOLVED:
+            self._crashes.forget(self._alert_key(target))
+            return None
+        self.metrics.repeats.inc()
+        if not incident.message_id:
+            return self.poster.ensure_posted(name, known=incident)  # a post that failed earlier: try again now
+        self.messages.refresh(incident)
+        return incident
 
     def open_or_update(self, target: AlertTarget, evidence: Evidence, channel: str | None,
                        diagnosis: DiagnosisResult | None = None, workload: WorkloadRef | None = None
                        ) -> Incident | None:
-        """Create and post the incident this evidence belongs to, or fold the alert into it."""
+        """Create and post the incident this evidence belongs to, or fold the alert into it. An
+        incident this process knows exists is folded into straight away; any other is created,
+        and the create is the check (it fails when another alert or replica got there first)."""
         diagnosis = diagnosis or self.proposer.diagnose(evidence)
         workload = workload or self.cluster.workload_for(evidence)
         name = incident_name(self.cluster.name, workload.namespace, workload.name, diagnosis.cause)
-        if self.store.get(name) is None:
-            new = self.poster.new_post(name)
-            incident = self._new_incident(name, target, evidence, diagnosis, workload, channel, new)
-            try:
-                created = self.store.create(incident)
-            except IncidentExists:
-                pass  # another alert or replica got there first: fold this one into it
-            else:
-                self.metrics.diagnoses.labels(diagnosis.cause or "unknown").inc()
-                if created.state == IncidentState.PROPOSED:
-                    self.metrics.proposals.inc()
-                log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
-                posted = self.poster.ensure_posted(name, received_at=target.received_at, lease=new.lease,
-                                                   known=created)
-                if self.commentary is not None:
-                    self.commentary(posted, evidence)
-                return posted
+        if self._names.get(name):
+            incident = self._record_repeat(name, target.pod, diagnosis, evidence, workload)
+            if incident is not None:
+                return incident
+            self._names.forget(name)  # deleted meanwhile: open it again
+        posted = self._open(name, target, evidence, diagnosis, workload, channel)
+        self._names.put(name, True)
+        if posted is not None:
+            return posted
         return self._record_repeat(name, target.pod, diagnosis, evidence, workload)
+
+    def _open(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
+              workload: WorkloadRef, channel: str | None) -> Incident | None:
+        """Create and post the incident; None when it exists already."""
+        new = self.poster.new_post(name)
+        incident = self._new_incident(name, target, evidence, diagnosis, workload, channel, new)
+        try:
+            created = self.store.create(incident)
+        except IncidentExists:
+            return None  # another alert or replica got there first: fold this one into it
+        self.metrics.diagnoses.labels(diagnosis.cause or "unknown").inc()
+        if created.state == IncidentState.PROPOSED:
+            self.metrics.proposals.inc()
+        log.info("incident %s created (%s)", name, diagnosis.cause or "no known cause")
+        posted = self.poster.ensure_posted(name, received_at=target.received_at, lease=new.lease, known=created)
+        if self.commentary is not None:
+            self.commentary(posted, evidence)
+        return posted
 
     def _new_incident(self, name: str, target: AlertTarget, evidence: Evidence, diagnosis: DiagnosisResult,
                       workload: WorkloadRef, channel: str | None, new: NewPost) -> Incident:

@@ -10,7 +10,7 @@ side can be swapped.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from bot.app.records import ApplyResult, Incident, MessageRef, Note, Verification
 from bot.app.verdict import Diagnoser
@@ -61,6 +61,9 @@ class ClusterPort(Protocol):
 
     def collect(self, namespace: str, pod: str, container: str | None = None) -> Evidence:
         """Previous container log (head and tail), pod, node, events."""
+
+    def read_pod(self, namespace: str, pod: str) -> dict[str, Any]:
+        """The pod alone (one read), to tell a repeat alert from a new crash. Raises PodNotFound."""
 
     def workload_for(self, evidence: Evidence) -> WorkloadRef:
         """The owning workload of the evidence's pod, with GitOps/Helm detection."""

@@ -17,7 +17,7 @@ from bot.app.workload_ops import ChangeToUndo, PatchAnswer, PatchStatus
 from bot.diagnosis.models import DiagnosisResult, Evidence
 from bot.kube.api import KubeApi, api_client_from_environment
 from bot.kube.collect import HEAD_BYTES, TAIL_LINES, age_key, collect, get_pod_or_suggest
-from bot.kube.errors import KubeConflict, KubeError, KubeForbidden, KubeInvalid, PodGone
+from bot.kube.errors import KubeConflict, KubeError, KubeForbidden, KubeInvalid, KubeNotFound, PodGone
 from bot.kube.retry import RetryPolicy
 from bot.kube.verify import follow_rollout, selector_string
 from bot.remedy import changes as ch
@@ -102,6 +102,12 @@ class LiveCluster:
     def collect(self, namespace: str, pod: str, container: str | None = None, gpu_pods: bool = False) -> Evidence:
         """bot.kube.collect.collect; `gpu_pods=True` only for a ticket bundle (`vllm-oncall collect`)."""
         return collect(self.api, namespace, pod, container, self.head_bytes, self.tail_lines, gpu_pods=gpu_pods)
+
+    def read_pod(self, namespace: str, pod: str) -> dict[str, Any]:
+        try:
+            return self.api.get_pod(namespace, pod)
+        except KubeNotFound:
+            raise PodGone(namespace, pod) from None
 
     def _workload(self, evidence: Evidence) -> tuple[WorkloadRef, dict[str, Any]]:
         if not evidence.pod:

@@ -120,6 +120,9 @@ class LocalCluster:
             return pod_name
         raise PodNotFound(namespace, name, difflib.get_close_matches(name, known, n=3, cutoff=0.3) or known)
 
+    def read_pod(self, namespace: str, pod: str) -> dict[str, Any]:
+        return self._pod() or {}
+
     def collect(self, namespace: str, pod: str, container: str | None = None) -> Evidence:
         evidence = load_bundle(self.bundle_dir)
         if not container:

@@ -66,7 +66,8 @@ def test_a_different_cause_is_a_different_incident(cluster, chat, tmp_path):
     causes = iter(["kv-cache-max-model-len", "shm-too-small"])
     svc = make_service(cluster, chat, tmp_path,
                        diagnose=lambda ev: kv_diagnosis().model_copy(update={"cause": next(causes)}))
-    a, b = svc.handle_alert(alert()), svc.handle_alert(alert())
+    # (a second pod: the same pod's same crash again is a repeat, not diagnosed again)
+    a, b = svc.handle_alert(alert()), svc.handle_alert(alert(POD_B))
     assert a.name != b.name and len(chat.posts) == 2
 
 
