@@ -193,7 +193,9 @@ class Intake:
             chat_channel=channel, proposal=proposal, diagnosis=diagnosis,
             # the creator posts it: no other replica does meanwhile; its message's identity is stored first
             post_lease=new.lease, post_key=new.key, post_since=new.since,
-            evidence=evidence_cache.keep(evidence, now, self.proposer.policy.redactor),  # for /vllm why once the previous log is gone
+            # for /vllm why once the previous log is gone
+            evidence=evidence_cache.keep(evidence, now, self.proposer.policy.redactor),
+            log_cut=evidence.log.truncated_middle,
             history=[f"{iso(now)} created from pod {target.pod}"],
         )
 
@@ -213,7 +215,8 @@ class Intake:
             counters = {"last_seen": now, "alert_count": incident.alert_count + 1,
                         "pods": (incident.pods + ([pod] if pod not in incident.pods else []))[-POD_LIMIT:],
                         "restarts": max(incident.restarts or 0, diagnosis.restarts or 0),
-                        "evidence": evidence_cache.keep(evidence, now, self.proposer.policy.redactor) or incident.evidence}
+                        "evidence": evidence_cache.keep(evidence, now, self.proposer.policy.redactor)
+                        or incident.evidence, "log_cut": evidence.log.truncated_middle}
             reopened = incident.state == IncidentState.RESOLVED
             if not reopened:
                 return incident.revised(**counters)

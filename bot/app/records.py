@@ -195,6 +195,10 @@ class Incident(Model):
     # What the crash's collect read (bounded), for `/vllm why` once the previous log is gone
     # (bot/app/evidence_cache.py); None for records written before it, or without a previous log.
     evidence: CachedEvidence | None = None
+    # The crashed container's log was longer than the bounded read (bot/kube/collect.py: its head
+    # by limitBytes, its tail by tailLines): diagnosed from both ends, the middle not read. Said in
+    # the message (NoteKind.LOG_CUT), so nobody takes a missing line for a line that was not there.
+    log_cut: bool = False
     # The verification step an applied change is in, so a restarted bot resumes it
     # (bot/app/rollout.py); None when no verification is under way.
     verification_step: VerificationStep | None = None
@@ -273,6 +277,7 @@ class NoteKind(StrEnum):
     CRASHING_AGAIN = "crashing_again"  # pod: a resolved incident fires again
     EVIDENCE_KEPT = "evidence_kept"  # at (when it was collected), detail (how long ago)
     COMMENTARY = "commentary"  # message (the commentator's labelled text)
+    LOG_CUT = "log_cut"  # (no fields): in the incident's message, when its log was cut (Incident.log_cut)
     # Told to one user only: why a click or a command did nothing.
     REFUSAL = "refusal"  # message
     SOMEONE_ELSE_FIRST = "someone_else_first"  # state (None: the incident is gone), actor

@@ -30,7 +30,7 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.app.links import IncidentLinks, LinkKind
-from bot.app.records import Incident, Note
+from bot.app.records import Incident, Note, NoteKind
 from bot.app.redaction import redacted_diagnosis, redacted_incident
 from bot.app.state import IncidentState
 from bot.diagnosis.models import Change, DiagnosisResult, revised
@@ -222,6 +222,8 @@ def incident_message(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[
     if d.evidence:
         blocks.append(_section("*Evidence* (oldest first; all of it in the thread)\n"
                                + code_block("\n".join(top_evidence(d.evidence))), block_id="evidence"))
+    if incident.log_cut:
+        blocks.append(_section(note_text(Note(kind=NoteKind.LOG_CUT), redactor), block_id="log-cut"))
     blocks.append(_context(incident))
     return fallback, _json(blocks)
 

@@ -108,6 +108,8 @@ _WORDS: dict[NoteKind, Callable[[_Facts], str]] = {
         if f.note.at else "The previous container's log is gone; this diagnosis is from the evidence kept with "
         "the incident."),
     K.COMMENTARY: lambda f: f.message,
+    K.LOG_CUT: lambda f: (":scissors: The crashed container's log was longer than the bot reads: this diagnosis "
+                          "is from its beginning and its end; the middle was not read."),
     K.REFUSAL: lambda f: f.message,
     K.SOMEONE_ELSE_FIRST: lambda f: (f"Someone else acted on this first (it is now {f(f.note.state or 'gone')}{f.by}). "
                                      "Nothing was changed."),
