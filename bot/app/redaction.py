@@ -18,7 +18,6 @@ from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.remedy.models import Proposal
 from bot.remedy.plan import redact_proposal
 
-
 # ---- redacted once --------------------------------------------------------------------------
 #
 # A record (an incident, its diagnosis, its proposal) that a redactor made, or that a store read

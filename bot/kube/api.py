@@ -288,10 +288,11 @@ class KubeApi:
                             ) -> tuple[list[dict[str, Any]], str]:
         """Pods of a namespace (None: all) and the list's resourceVersion, to watch from."""
         items: list[dict[str, Any]] = []
-        rv = ""
-        for page, rv in self.pod_pages(namespace, label_selector):
+        version = ""
+        for page, page_version in self.pod_pages(namespace, label_selector):
             items.extend(page)
-        return items, rv
+            version = page_version
+        return items, version
 
     def watch_pods(self, namespace: str | None, resource_version: str, label_selector: str | None = None,
                    timeout_seconds: int = 300, on_open: Callable[[Any], object] | None = None

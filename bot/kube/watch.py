@@ -250,7 +250,8 @@ class PodWatch:
         rv = ""
         seen: list[tuple[str, str]] = []
         found = []
-        for items, rv in self.api.pod_pages(namespace, self.settings.label_selector):
+        for items, page_version in self.api.pod_pages(namespace, self.settings.label_selector):
+            rv = page_version  # every page carries the list's resourceVersion: watch from it
             with self._lock:
                 for pod in items:
                     meta = pod.setdefault("metadata", {})
