@@ -97,6 +97,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_diagnose.py
 	$(BIN)/python benchmarks/bench_alerts.py
 	$(BIN)/python benchmarks/bench_detect.py
+	$(BIN)/python benchmarks/bench_scale.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .vllm-oncall benchmarks/out build dist
