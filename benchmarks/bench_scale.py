@@ -380,7 +380,7 @@ def burst_run(workloads: int, total_pods: int, workers: int, folder: Path) -> di
     bot = BotProcess(kube, slack, folder, workers, watch=BURST_NS)
     posts = Posts(slack)
     try:
-        if not kube.wait_for_watchers(1, timeout=120):
+        if not kube.wait_for_watchers(1, timeout=600):  # the initial list of 10,000 pods, on a busy machine
             raise SystemExit("the pod watch never started")
         cpu0 = bot.cpu()
         start = time.monotonic()
@@ -416,7 +416,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="fresh runs (new stand-ins, new bot process)")
     parser.add_argument("--levels", default="1,10,50", help="concurrent senders")
-    parser.add_argument("--workers", type=int, default=4, help="VLLM_ONCALL_WORKERS (serve's default: 4)")
+    parser.add_argument("--workers", type=int, default=16, help="VLLM_ONCALL_WORKERS (serve's default: 16)")
     parser.add_argument("--burst", type=int, default=250, help="workloads crashing at once (0: skip)")
     parser.add_argument("--burst-pods", type=int, default=10_000, help="pods in the burst's namespace")
     args = parser.parse_args()

@@ -141,7 +141,10 @@ class HttpSettings(Group):
     """The HTTP server: /alerts (Alertmanager), /healthz, /readyz, /metrics, /slack/events."""
 
     listen: str = "0.0.0.0:8080"
-    workers: int = Field(default=4, ge=1, le=64)  # the one work queue's (webhook and pod watch)
+    # The one work queue's workers (webhook and pod watch). The work waits on the Kubernetes API and
+    # Slack far more than it computes: on 2 cores, 16 doubled the alerts per second of 4
+    # (benchmarks/bench_scale.py); one workload's items still never run at once (bot/app/work.py).
+    workers: int = Field(default=16, ge=1, le=64)
     queue_size: int = Field(default=100, ge=1)
     alert_token: str | None = None
     alertnames: list[str] = Field(default_factory=lambda: ["KubePodCrashLooping"])
