@@ -21,8 +21,7 @@ Workers run in parallel across workloads and in order within one: an item is tak
 of its fold keys is being worked on (`busy`), so two alerts of one workload never run at the same
 time, and the later one never overtakes the earlier. The pool size is `workers`
 (VLLM_ONCALL_WORKERS, default 16: the work waits on the Kubernetes API and Slack far more than it
-computes, so on 2 cores many more threads than cores keep both busy; 16 doubled the alerts per
-second of 4 in benchmarks/bench_scale.py).
+computes, so on 2 cores many more threads than cores keep both busy: see bot/cli/settings.py).
 
 The fold key is not an owner: it decides only which work waits together. Which workload a pod
 belongs to, the one a fix would change, is read from the cluster and checked

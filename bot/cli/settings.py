@@ -142,8 +142,9 @@ class HttpSettings(Group):
 
     listen: str = "0.0.0.0:8080"
     # The one work queue's workers (webhook and pod watch). The work waits on the Kubernetes API and
-    # Slack far more than it computes: on 2 cores, 16 doubled the alerts per second of 4
-    # (benchmarks/bench_scale.py); one workload's items still never run at once (bot/app/work.py).
+    # Slack far more than it computes (about 30 ms of CPU in a ~1 s job on a busy 2-core machine):
+    # benchmarks/bench_scale.py at 10 senders gave 12.9 alerts/s with 16 against 6.0 with 4 (one run,
+    # load ~28). One workload's items still never run at once (bot/app/work.py).
     workers: int = Field(default=16, ge=1, le=64)
     queue_size: int = Field(default=100, ge=1)
     alert_token: str | None = None
