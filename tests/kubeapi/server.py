@@ -476,12 +476,10 @@ class FakeKube(Streams):
                         continue
                     if query.get("fieldSelector") and not field_selector_matches(query["fieldSelector"], obj):
                         continue
-                    item = copy.deepcopy(obj)
-                    if group in ("", "apps"):  # built-in lists omit kind/apiVersion on items
-                        item.pop("kind", None)
-                        item.pop("apiVersion", None)
-                    items.append(item)
-                return 200, self._page(kind, api_version, items, query), {}
+                    items.append(obj)
+                page = self._page(kind, api_version, items, query)
+                page["items"] = [self._list_item(group, obj) for obj in page["items"]]  # copies of this page only
+                return 200, page, {}
             if verb == "create":
                 return self._create(group, resource, kind, api_version, ns, plural, body, dry_run)
             if verb == "watch":
@@ -589,6 +587,14 @@ class FakeKube(Streams):
         meta["resourceVersion"] = self._next_rv()
         self.objects[key] = obj
         return 201, copy.deepcopy(obj), {}
+
+    @staticmethod
+    def _list_item(group: str, obj: dict[str, Any]) -> dict[str, Any]:
+        item = copy.deepcopy(obj)
+        if group in ("", "apps"):  # built-in lists omit kind/apiVersion on items
+            item.pop("kind", None)
+            item.pop("apiVersion", None)
+        return item
 
     def _page(self, kind: str, api_version: str, items: list[dict], query: dict[str, str]) -> dict:
         """One page of a list (`limit`, `continue`), as kube-apiserver pages: the token names where
