@@ -88,6 +88,7 @@ def _is_status_object(exc: ApiException) -> bool:
 # kube-apiserver answers 422 when a JSON Patch `test` op does not hold; the message is
 # json-patch's "testing value /path failed: test failed".
 FAILED_TEST_OP = "testing value"
+NOT_AN_API_SERVER = "without a Kubernetes Status"  # in the error of a 404 no API server sent
 
 
 def typed_error(exc: BaseException, verb: str, resource: str, namespace: str | None, host: str = "") -> KubeError:
@@ -99,7 +100,7 @@ def typed_error(exc: BaseException, verb: str, resource: str, namespace: str | N
         return KubeUnavailable(f"Kubernetes API{at} unreachable ({verb} {resource}): {detail}")
     (message, reason), status = _status_of(exc), int(exc.status)
     if status == 404 and not _is_status_object(exc):  # a web server, not an API server, answered
-        return KubeNotFound(f"{host or 'the server'} answered 404 to {verb} {resource} without a Kubernetes Status: "
+        return KubeNotFound(f"{host or 'the server'} answered 404 to {verb} {resource} {NOT_AN_API_SERVER}: "
                             "is it a Kubernetes API server? (check the kubeconfig's server URL)",
                             status=status, reason=reason, server_message=message)
     if status == 403:

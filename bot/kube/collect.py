@@ -28,8 +28,8 @@ import yaml
 
 from bot.diagnosis.evidence import pick_container
 from bot.diagnosis.models import Evidence, LogText
-from bot.kube.api import KubeApi
-from bot.kube.errors import KubeError, KubeNotFound, PodGone, PreviousLogGone
+from bot.kube.api import NOT_AN_API_SERVER, KubeApi
+from bot.kube.errors import KubeError, KubeForbidden, KubeNotFound, PodGone, PreviousLogGone
 
 log = logging.getLogger("bot.kube")
 
@@ -49,8 +49,9 @@ def get_pod_or_suggest(api: KubeApi, namespace: str, name: str) -> dict[str, Any
     """The pod, or PodGone naming close matches and the newest pod of the same workload."""
     try:
         return api.get_pod(namespace, name)
-    except KubeNotFound:
-        pass
+    except KubeNotFound as exc:
+        if NOT_AN_API_SERVER in str(exc):
+            raise  # not a missing pod: the URL is not an API server, and the error says so
     pods = workload_pods(api, namespace, name)
     names = [p["metadata"]["name"] for p in pods]
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
@@ -71,7 +72,7 @@ def workload_pods(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any
             labels = (((workload or {}).get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
             if labels:
                 return api.list_pods(namespace, label_selector=",".join(f"{k}={v}" for k, v in sorted(labels.items())))
-        except KubeError as exc:  # e.g. no right to read that kind: suggest nothing rather than fail
+        except KubeForbidden as exc:  # no right to read that kind: suggest nothing rather than fail
             log.info("no suggestions for gone pod %s/%s: %s", namespace, name, exc)
     return []
 
