@@ -711,6 +711,11 @@ def half_precision_dtype(ctx: Context) -> Computed | None:
                                + ("; this GPU has no bfloat16, so float16" if old_arch else "") + ".")
 
 
+# Each forward pass copies the offloaded weights over PCIe (4.0 x16: ~25 GB/s in practice), so 16 GiB
+# per GPU is about 0.7 s per generated token: slow but a server; far more is no fix.
+MAX_OFFLOAD_GIB = 16
+
+
 @formula
 def cpu_offload_for_weights(ctx: Context) -> Computed | None:
     s = ctx.signals
@@ -723,23 +728,90 @@ def cpu_offload_for_weights(ctx: Context) -> Computed | None:
     # "7B" in a name is 7.2 to 8.3 billion parameters in practice, plus embeddings: 10% more
     per_gpu = total_w / world * 1.1
     offload = math.ceil(per_gpu - room)
-    if offload <= 0 or offload > 0.5 * per_gpu:
-        return None  # offloading most of the model is too slow to be a fix
-    limit = s.get("memory_limit_bytes")
-    if limit and offload * world * 2**30 > 0.6 * limit:
+    if offload <= 0 or offload >= per_gpu:
         return None
-    checked = ""
+    host = _host_room(ctx, offload * world)
+    if host is False or (host is None and offload > 0.5 * per_gpu):
+        return None  # host memory unknown: offloading most of the model might not even fit the host
+    if offload > MAX_OFFLOAD_GIB:
+        return None  # every forward pass streams the offloaded part: past ~16 GiB a token takes a second
+    checked, estimate = "", offload
     if ctx.memory is not None:
-        found = levers.try_lever(ctx.memory, f"--cpu-offload-gb {offload}", shorten=True, cpu_offload_gb=float(offload))
+        found = _offload_that_fits(ctx.memory, ctx, offload, per_gpu, world)
         if found is None and ctx.memory.considered[-1].fit.verdict != "unknown":
             return None
-        checked = levers.margin_text(found.fit) if found is not None else ""
+        if found is not None:
+            offload, checked = found[0], levers.margin_text(found[1].fit)
+            if offload != estimate:  # the estimate leaves CUDA graphs and the margin out
+                checked = f" The budget check with CUDA graphs and the margin needs {offload} GiB.{checked}"
     return Computed(after=str(offload), before=ctx.cmd.get("--cpu-offload-gb"),
                     arithmetic=f"per GPU the weights are about {gib(per_gpu)} (the name's parameter count + 10%) but "
                                f"{util} x {gib(gpu)} - 2 GiB for activations and KV cache = {gib(room)} is left; "
-                               f"{per_gpu:.2f} - {room:.2f} = {per_gpu - room:.2f}, rounded up: offload {offload} GiB per GPU "
-                               f"to CPU memory (slower, but it starts: every forward pass streams the offloaded weights over PCIe)."
-                               + checked)
+                               f"{per_gpu:.2f} - {room:.2f} = {per_gpu - room:.2f}, rounded up: offload {estimate} GiB per GPU "
+                               f"to CPU memory (slower, but it starts: every forward pass streams the offloaded weights over PCIe)"
+                               + _host_text(ctx, offload * world) + "." + checked)
+
+
+def _offload_that_fits(model: MemoryModel, ctx: Context, first: int, per_gpu: float,
+                       world: int) -> tuple[int, levers.Considered] | None:
+    """The smallest offload from `first` up (a few GiB more at most, within the host) the budget check passes."""
+    util = model.ran.gpu_memory_utilization
+    # the KV pool grows to the utilization's budget, so when offloading leaves too thin a margin
+    # beside what the GPU already holds, a utilization 0.05 lower buys it back
+    utils = [None] + [round(util - step, 2) for step in (0.05, 0.1) if util and util - step >= 0.5]
+    for offload in range(first, min(first + 4, math.ceil(per_gpu), MAX_OFFLOAD_GIB + 1)):
+        if offload > first and not _host_room(ctx, offload * world):
+            return None
+        for lower in utils:
+            update: dict[str, Any] = {"cpu_offload_gb": float(offload)}
+            label = f"--cpu-offload-gb {offload}"
+            if lower is not None:
+                update["gpu_memory_utilization"], label = lower, f"{label} with --gpu-memory-utilization {lower}"
+            found = levers.try_lever(model, label, shorten=True, **update)
+            if found is not None:
+                return offload, found
+            if model.considered[-1].fit.verdict == "unknown":
+                return None
+    return None
+
+
+@formula
+def utilization_for_lever(ctx: Context) -> Computed | None:
+    """The --gpu-memory-utilization the chosen lever needs (the budget check lowered it for the margin)."""
+    chosen = ctx.memory.chosen if ctx.memory is not None else None
+    new = chosen.fit.config.gpu_memory_utilization if chosen is not None else None
+    if new is None or ctx.memory is None or new == ctx.memory.ran.gpu_memory_utilization:
+        return None
+    util, raw = current_utilization(ctx)
+    return Computed(after=fmt_util(new), before=raw if raw is not None else fmt_util(util),
+                    arithmetic=f"the KV pool fills the utilization's budget: at {fmt_util(new)} every stage keeps "
+                               f"{MARGIN_GIB} GiB free beside the non-PyTorch memory.")
+
+
+def _host_bytes(ctx: Context) -> tuple[float, str] | None:
+    """The host memory the container may use: its limit, else the node's allocatable memory."""
+    limit = ctx.signals.get("memory_limit_bytes")
+    if limit:
+        return float(limit), "the container's memory limit"
+    if ctx.node.memory_allocatable_bytes:
+        return float(ctx.node.memory_allocatable_bytes), "the node's allocatable memory"
+    return None
+
+
+def _host_room(ctx: Context, offload_gib: float) -> bool | None:
+    """Does host memory hold the offloaded weights beside vLLM's own (60% of it at most)? None: unknown."""
+    host = _host_bytes(ctx)
+    if host is None:
+        return None
+    return offload_gib * 2**30 <= 0.6 * host[0]
+
+
+def _host_text(ctx: Context, offload_gib: float) -> str:
+    host = _host_bytes(ctx)
+    if host is None:
+        return ""
+    return (f"; {offload_gib} GiB offloaded in all is within 60% of {host[1]} "
+            f"({gib(host[0] / 2**30)} x 0.6 = {gib(0.6 * host[0] / 2**30)})")
 
 
 # ---- host memory, shm, probes, env ------------------------------------------------------
