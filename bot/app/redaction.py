@@ -50,7 +50,8 @@ def redacted_diagnosis(diagnosis: DiagnosisResult, redactor: Redactor = DEFAULT)
         diagnosis, title=text(diagnosis.title), explanation=text(diagnosis.explanation),
         evidence=[text(line) for line in diagnosis.evidence], memory_picture=text(diagnosis.memory_picture),
         command_before=redactor.args(diagnosis.command_before),
-        command_after=redactor.args(diagnosis.command_after), facts=redactor.structure(diagnosis.facts)), redactor)
+        command_after=redactor.args(diagnosis.command_after), facts=redactor.structure(diagnosis.facts),
+        findings=[revised(f, title=text(f.title), text=text(f.text)) for f in diagnosis.findings]), redactor)
 
 
 def redacted_incident(incident: Incident, redactor: Redactor = DEFAULT) -> Incident:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bot.diagnosis import cmdline, impact, levers, render
+from bot.diagnosis import cmdline, impact, levers, podspec, render
 from bot.diagnosis.budget import KvSource
 from bot.diagnosis.catalogue import CatalogueError, load_bundle_config
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
@@ -78,6 +78,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         picture = _picture(memory, signals, base["memory_picture"], bool(changes))
         new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
         return DiagnosisResult(
+            findings=podspec.findings(ctx, book.id),  # last: it may try levers the picture must not list
             cause=book.id,
             title=book.title,
             explanation=_explain(book, signals, changes, arithmetic, note, cautions, software=bool(problem)),
@@ -90,7 +91,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
             **{**base, "memory_picture": picture},
         )
 
-    return _unknown(facts, signals, base)
+    return _unknown(facts, signals, {**base, "findings": podspec.findings(ctx, None)})
 
 
 def _measured_kv(memory: levers.MemoryModel, signals: Signals) -> float | None:

@@ -6,6 +6,7 @@ Everything here is plain data; the functions that produce it live in their own m
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -112,6 +113,26 @@ class NodeView(Frozen):
     memory_allocatable_bytes: int | None = None
 
 
+class FindingKind(StrEnum):
+    """A fact of the pod's spec that will fail the pod whatever the log says (issue 21)."""
+
+    PARALLEL_ABOVE_POD_DEVICES = "parallel-above-pod-devices"
+    PARALLEL_ABOVE_NODE_DEVICES = "parallel-above-node-devices"
+    SHM_MISSING = "shm-missing"
+    SHM_TOO_SMALL = "shm-too-small"
+    PROBE_BUDGET_SHORT = "probe-budget-short"
+
+
+class Finding(Frozen):
+    """A second finding beside the primary cause: what is wrong, the arithmetic, and the change that
+    would fix it (shown, not approved with the primary change)."""
+
+    kind: FindingKind
+    title: str
+    text: str
+    changes: list[Change] = Field(default_factory=list)
+
+
 class DiagnosisResult(Frozen):
     """What the diagnoser concluded. cause None means: no known cause, and no change."""
 
@@ -125,6 +146,7 @@ class DiagnosisResult(Frozen):
     memory_picture: str = ""
     advice: str = ""  # what would work but is no change to this pod (bigger GPUs, a quantized model): no button
     alternative: str = ""  # the answer to the obvious alternative to the change, from the same budget
+    findings: list[Finding] = Field(default_factory=list)  # pod-spec faults beside the primary cause
     command_before: list[str] = Field(default_factory=list)  # full argv as the container runs it
     command_after: list[str] = Field(default_factory=list)
     container: str | None = None
@@ -147,6 +169,7 @@ class DiagnosisResult(Frozen):
             "stage": self.stage,
             "memory_picture": self.memory_picture,
             "advice": self.advice,
+            "findings": [f.model_dump(mode="json") for f in self.findings],
             "command_before": self.command_before,
             "command_after": self.command_after,
             "facts": self.facts,

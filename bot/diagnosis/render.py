@@ -125,7 +125,18 @@ def render_text(d: DiagnosisResult) -> str:
     if d.advice:
         out.append("")
         out.append(d.advice)
+    out.extend(_findings(d))
     return "\n".join(out)
+
+
+def _findings(d: DiagnosisResult) -> list[str]:
+    """Pod-spec faults beside the cause: what, why, and the change that would fix each."""
+    out: list[str] = []
+    for f in d.findings:
+        out += ["", f"Also: {f.title} ({f.kind.value})", f"  {f.text}"]
+        out += [f"  would change {c.kind} {c.name}: {c.before if c.before is not None else '(not set)'} -> {c.after}"
+                for c in f.changes]
+    return out
 
 
 def _verdict(fit: Fit) -> str:

@@ -219,6 +219,8 @@ def incident_message(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[
     status = _status_line(incident)
     if status:
         blocks.append(_section(status, block_id="status"))
+    if d.findings:
+        blocks.append(_section(_findings_line(d), block_id="findings"))
     if d.evidence:
         blocks.append(_section("*Evidence* (oldest first; all of it in the thread)\n"
                                + code_block("\n".join(top_evidence(d.evidence))), block_id="evidence"))
@@ -255,9 +257,29 @@ def _decision_text(incident: Incident, d: DiagnosisResult) -> str:
     return cause + "\n" + "\n".join(lines)
 
 
+def _findings_line(d: DiagnosisResult) -> str:
+    """The pod-spec faults beside the cause, one line each (their arithmetic and changes in the thread)."""
+    return "*Also wrong in the pod spec* (not part of this change; details in the thread)\n" + "\n".join(
+        f"• {escape(f.title)}" + (f": {inline_code(_diag_change_lines_of(f.changes)[0])}" if f.changes else "")
+        for f in d.findings)
+
+
+def _findings_thread(d: DiagnosisResult) -> str:
+    parts = []
+    for f in d.findings:
+        lines = [f"*{escape(f.title)}* ({inline_code(f.kind.value)})", escape(f.text)]
+        lines += [f"Would change: {inline_code(line)}" for line in _diag_change_lines_of(f.changes)]
+        parts.append("\n".join(lines))
+    return "*Also wrong in the pod spec* (not part of the proposed change)\n" + "\n\n".join(parts)
+
+
 def _diag_change_lines(d: DiagnosisResult) -> list[str]:
+    return _diag_change_lines_of(d.changes)
+
+
+def _diag_change_lines_of(changes: list[Change]) -> list[str]:
     return [f"{c.name}: {c.before if c.before is not None else '(unset)'} → "
-            f"{c.after if c.after is not None else '(removed)'}" for c in d.changes]
+            f"{c.after if c.after is not None else '(removed)'}" for c in changes]
 
 
 def _no_button_notice(incident: Incident) -> str:
@@ -292,6 +314,8 @@ def incident_thread(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[s
     if d.advice:
         blocks.append(_section("*What would fit* (advice, not a change to approve)\n" + escape(d.advice),
                                block_id="advice"))
+    if d.findings:
+        blocks.append(_section(_findings_thread(d), block_id="findings"))
     p = incident.proposal
     if p is not None and p.impact is not None:
         blocks.append(_section("*Impact on the last day's traffic*\n" + escape(p.impact.sentence()), block_id="impact"))

@@ -210,3 +210,22 @@ def test_long_names_never_push_the_change_or_digest_out_of_the_confirm_dialog():
     text = confirm["text"]["text"]
     assert "--max-model-len: 32768 → 18432" in text and f"proposal {p.digest[:12]}" in text
     assert "longer than 18,432 tokens will be refused" in text and "Roll back" in text
+
+
+def test_pod_spec_findings_in_the_message_and_the_thread():
+    from bot.diagnosis.models import Finding, FindingKind
+
+    shm = Finding(kind=FindingKind.SHM_MISSING, title="No /dev/shm volume for several ranks",
+                  text="2 vLLM processes exchange tensors through /dev/shm " + HOSTILE,
+                  changes=[Change(kind="volume", name="/dev/shm", after="2Gi")])
+    inc = incident()
+    inc = inc.revised(diagnosis=DiagnosisResult(**{**inc.diagnosis.model_dump(), "findings": [shm]}))
+    _, blocks = incident_message(inc)
+    section = next(b for b in blocks if b.get("block_id") == "findings")
+    assert "No /dev/shm volume for several ranks" in section["text"]["text"]
+    assert "/dev/shm: (unset) → 2Gi" in section["text"]["text"]
+    assert [b["type"] for b in blocks].index("actions") < blocks.index(section)  # the decision stays first
+    _, thread = incident_thread(inc)
+    detail = next(b for b in thread if b.get("block_id") == "findings")["text"]["text"]
+    assert "2 vLLM processes exchange tensors through /dev/shm" in detail
+    assert "<!channel>" not in detail and "<@U0BOSS>" not in detail  # escaped like any log text
