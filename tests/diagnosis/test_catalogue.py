@@ -188,3 +188,18 @@ def test_resolution_order_and_the_hub_seam():
     assert spec.source == "hub" and spec.layers == 32 and calls == ["acme/house-model-8b"]
     assert resolve_model("acme/other", hub=hub) is None
     assert resolve_model("acme/house-model-8b") is None  # off unless a look-up is passed
+
+
+@pytest.mark.parametrize("arg, model_id, params", [
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "meta-llama/Llama-4-Scout-17B-16E-Instruct", 109),
+    ("meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8", "meta-llama/Llama-4-Maverick-17B-128E-Instruct", 400),
+    ("mistralai/Mistral-Small-3.2-24B-Instruct-2506", "mistralai/Mistral-Small-3.1-24B-Instruct-2503", 24.01),
+    ("deepseek-ai/DeepSeek-R1-0528", "deepseek-ai/DeepSeek-V3", 671),
+    ("Qwen/Qwen3-235B-A22B-FP8", "Qwen/Qwen3-235B-A22B", 235.1),
+    ("openai/gpt-oss-120b", "openai/gpt-oss-120b", 116.8),
+    ("google/gemma-3-12b-it", "google/gemma-3-12b-it", 12.19),
+    ("microsoft/phi-4", "microsoft/phi-4", 14.66),
+])
+def test_popular_2025_2026_families(arg, model_id, params):
+    spec = match_model(arg)
+    assert spec is not None and (spec.id, spec.params_b) == (model_id, params)

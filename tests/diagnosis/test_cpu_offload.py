@@ -55,3 +55,19 @@ def test_offload_bounded_by_pcie_and_host():
     ctx = context({"weights_estimate_gib": 24.0, "gpu_total_gib": 22.49, "gpu_memory_utilization": 0.9,
                    "memory_limit_bytes": 8 * 2**30}, node=node)
     assert run("cpu_offload_for_weights", ctx) is None
+
+
+def test_unknown_model_weights_come_from_the_model_loading_line():
+    """A name the catalogue does not know: the log's "Model loading took X GiB" is the weights figure."""
+    log = ("INFO 11-30 05:00:01 [core.py:58] Initializing a V1 LLM engine (v0.9.1) with config: model='/models/acme-internal', "
+           "tensor_parallel_size=1\n"
+           "INFO 11-30 05:01:10 [gpu_model_runner.py:1595] Model loading took 30.52 GiB and 41.0 seconds\n"
+           "ERROR 11-30 05:01:20 [core.py:515] ValueError: To serve at least one request with the models's max seq len "
+           "(131072), (16.00 GiB KV cache is needed, which is larger than the available KV cache memory (9.10 GiB). "
+           "Based on the available memory, the estimated maximum model length is 74496. Try increasing "
+           "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.\n")
+    pod = make_pod(command=["vllm", "serve"], args=["/models/acme-internal", "--max-model-len", "131072"])
+    node = make_node("NVIDIA-A100-SXM4-80GB", memory_mib=81920, count=1)
+    result = diagnose(Evidence(log=LogText(text=log), pod=pod, node=node))
+    assert result.cause == "kv-cache-max-model-len"
+    assert "Model loading took 30.52 GiB" in result.memory_picture
