@@ -21,7 +21,7 @@ from bot.diagnosis.catalogue import CatalogueError, load_bundle_config
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
 from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, device_target, run_formula
 from bot.diagnosis.logfacts import LogFacts, extract
-from bot.diagnosis.models import BundleError, Change, DiagnosisResult, Evidence
+from bot.diagnosis.models import Advice, BundleError, Change, DiagnosisResult, Evidence
 from bot.diagnosis.playbooks import Condition, Playbook, default_playbooks
 from bot.diagnosis.redact import redact
 from bot.diagnosis.signals import BENIGN_ERRORS, Signals, compute
@@ -72,7 +72,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         if not all(_holds(c, signals, facts, matched_lines) for c in book.when):
             continue
         problem = levers.software_problem(memory, signals)
-        fixed: FixResult = ([], [problem], None, [], "") if problem else _first_fix(book, ctx)
+        fixed: FixResult = ([], [problem], None, [], []) if problem else _first_fix(book, ctx)
         changes, arithmetic, note, cautions, advice = fixed
         impact.record_change(memory, changes)
         picture = _picture(memory, signals, base["memory_picture"], bool(changes))
@@ -187,13 +187,13 @@ def _gpu_line(memory: levers.MemoryModel, node: Any) -> str | None:
     return "granted " + grant.describe()
 
 
-FixResult = tuple[list[Change], list[str], str | None, list[str], str]
+FixResult = tuple[list[Change], list[str], str | None, list[str], list[Advice]]
 
 
 def _first_fix(book: Playbook, ctx: Context) -> FixResult:
     """The first fix whose values can all be computed; else no change, with the reasons known (and advice)."""
     reasons: list[str] = []
-    advice = ""
+    advice: list[Advice] = []
     for fix in book.fixes:
         computed: list[tuple[Any, Computed]] = []
         for spec in fix.changes:
@@ -232,7 +232,7 @@ def _first_fix(book: Playbook, ctx: Context) -> FixResult:
                 changes.append(c)
                 arithmetic.append(f"Proposed: {c.name} {c.after}. {_sentence(r.arithmetic)}" if c.kind != "probe" else
                                   f"Proposed: a {c.name}. {_sentence(r.arithmetic)}")
-            return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution], ""
+            return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution], []
     return [], reasons, None, [], advice
 
 

@@ -24,7 +24,7 @@ from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.evidence import format_gib_quantity, parse_quantity, pick_container
 from bot.diagnosis.levers import MARGIN_GIB, MemoryModel
 from bot.diagnosis.logfacts import LogFacts
-from bot.diagnosis.models import Change, NodeView, PodView
+from bot.diagnosis.models import Advice, AdviceKind, Change, NodeView, PodView
 from bot.diagnosis.signals import Signals, gib
 
 
@@ -65,9 +65,9 @@ class NoSafeChange(Exception):
     advice: what would work but is not a change to this pod (a pre-quantized variant, a larger
     MIG profile, a node pool with bigger or more GPUs): said in the message, with no button."""
 
-    def __init__(self, message: str, advice: str = "") -> None:
+    def __init__(self, message: str, advice: list[Advice] | None = None) -> None:
         super().__init__(message)
-        self.advice = advice
+        self.advice = advice or []
 
 
 Formula = Callable[..., Computed | None]
@@ -271,14 +271,17 @@ def utilization_for_free_memory(ctx: Context, *, margin_gib: float = 0.1) -> Com
     return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".", caution=caution)
 
 
-def _shared_advice(model: MemoryModel) -> str:
+def _shared_advice(model: MemoryModel) -> list[Advice]:
     grant = model.grant
     where = (f"a MIG {grant.mig_profile} slice" if grant.mig_profile else "a GPU") + (
         f" shared by {grant.replicas} time-sliced replicas" if grant.shared and grant.replicas else
         (" shared with other pods" if grant.shared else ""))
-    return (f"Advice (not a change to approve): this pod runs on {where}. Give it a GPU of its own (a node pool "
-            f"without time-slicing, selected with a nodeSelector, or a larger MIG profile), or stop what else holds "
-            f"the GPU; a pre-quantized (AWQ/GPTQ 4-bit) variant of the model needs about a third of the memory.")
+    return [Advice(kind=AdviceKind.OWN_GPU,
+                   text=f"this pod runs on {where}. Give it a GPU of its own (a node pool without time-slicing, "
+                        f"selected with a nodeSelector, or a larger MIG profile), or stop what else holds the GPU",
+                   yaml="nodeSelector:\n  nvidia.com/gpu.sharing-strategy: none"),
+            Advice(kind=AdviceKind.QUANTIZED_VARIANT,
+                   text="a pre-quantized (AWQ/GPTQ 4-bit) variant of the model needs about a third of the memory")]
 
 
 @formula

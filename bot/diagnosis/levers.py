@@ -15,12 +15,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.diagnosis import instances
 from bot.diagnosis.budget import BudgetInputs, Config, Fit, LogFigures, build_budget
 from bot.diagnosis.catalogue import ModelSpec, resolve_model
 from bot.diagnosis.cmdline import ParsedCommand
 from bot.diagnosis.gpus import GpuGrant, fp8_weights, gpu_grant
 from bot.diagnosis.logfacts import LogFacts
-from bot.diagnosis.models import revised
+from bot.diagnosis.models import Advice, AdviceKind, Change, revised
 from bot.diagnosis.signals import Signals
 
 MARGIN_GIB = 0.5  # a lever is proposed only when every stage keeps at least this much free
@@ -255,29 +256,65 @@ def tp_search(model: MemoryModel, node_gpus: int, start: int) -> tuple[Considere
     return None, tried
 
 
-def advice_for_weights(model: MemoryModel, node_gpus: int | None) -> str:
-    """What would hold the weights when no change to this pod does: bigger or more GPUs, fewer bits."""
+def advice_for_weights(model: MemoryModel, node_gpus: int | None) -> list[Advice]:
+    """What would hold the weights when no change to this pod does: more or bigger GPUs (named
+    instance types), fewer bits (the quantized variant and its size), a larger MIG slice."""
     weights = model.weights_gib(model.fit(tensor_parallel_size=1, pipeline_parallel_size=1, gpu_count=1))
-    grant, parts = model.grant, []
+    grant, items = model.grant, []
     if weights is not None:
         total = weights[0]
         card = model.budget.capacity.value if model.budget.capacity is not None else None
-        parts.append(f"the weights are about {total:.1f} GiB in all ({weights[1]})")
+        items.append(Advice(kind=AdviceKind.NOTE, text=f"the weights are about {total:.1f} GiB in all ({weights[1]})"))
         if card and not grant.mig_profile:  # TP cannot span MIG slices: more slices never help
-            need = 1
-            while need < 64 and total / need > 0.8 * card:
-                need *= 2
-            parts.append(f"{need} of these {card:.0f} GiB GPUs would hold them (TP {need}, limits.nvidia.com/gpu: {need}) "
-                         f"on a node pool that has {need}: a nodeSelector on nvidia.com/gpu.count "
-                         f"(or a Karpenter NodePool requirement) gets one")
-        parts.append(f"a pre-quantized 4-bit variant (AWQ or GPTQ) needs about {total * 0.28:.1f} GiB, fp8 about "
-                     f"{total * 0.52:.1f} GiB")
+            items.append(_more_devices(total, card))
+        items += _instance_advice(total)
+        items.append(_quantized_advice(model, total))
     if grant.mig_profile:
-        parts.append(f"a larger MIG profile than {grant.mig_profile} (or a whole GPU) gives one device more memory; "
-                     f"TP cannot span MIG slices")
+        items.append(Advice(kind=AdviceKind.LARGER_SLICE,
+                            text=f"a larger MIG profile than {grant.mig_profile} (or a whole GPU) gives one device "
+                                 f"more memory; TP cannot span MIG slices"))
     if node_gpus is not None and not grant.mig_profile:
-        parts.append(f"this node has {node_gpus} GPU(s)")
-    return ("Advice (not a change to approve): " + "; ".join(parts) + ".") if parts else ""
+        items.append(Advice(kind=AdviceKind.NOTE, text=f"this node has {node_gpus} GPU(s)"))
+    return items
+
+
+def _more_devices(total: float, card: float) -> Advice:
+    need = 1
+    while need < 64 and total / need > 0.8 * card:
+        need *= 2
+    return Advice(kind=AdviceKind.MORE_DEVICES,
+                  text=f"{need} of these {card:.0f} GiB GPUs would hold them (TP {need}, limits.nvidia.com/gpu: {need}) "
+                       f"on a node pool that has {need}: a nodeSelector on nvidia.com/gpu.count "
+                       f"(or a Karpenter NodePool requirement) gets one",
+                  changes=[Change(kind="flag", name="--tensor-parallel-size", after=str(need)),
+                           Change(kind="resources", name="limits.nvidia.com/gpu", after=str(need))],
+                  yaml=f"nodeSelector:\n  nvidia.com/gpu.count: \"{need}\"")
+
+
+def _instance_advice(total: float) -> list[Advice]:
+    """Named machines whose GPUs hold the weights (4 x A10G on g5.12xlarge, 8 x A100 on p4d.24xlarge)."""
+    items = []
+    for p in instances.placements(total):
+        inst = p.instance
+        share = total / p.gpus
+        items.append(Advice(
+            kind=AdviceKind.INSTANCE_TYPE,
+            text=f"{p.gpus} x {inst.gpu_product} on {inst.instance_type} ({inst.cloud}, {inst.gpu_count} GPU(s)): "
+                 f"{total:.1f} / {p.gpus} = {share:.1f} GiB per GPU, within 80% of {inst.gpu_memory_gib:.1f} GiB",
+            changes=[Change(kind="flag", name="--tensor-parallel-size", after=str(p.gpus)),
+                     Change(kind="resources", name="limits.nvidia.com/gpu", after=str(p.gpus))],
+            yaml=(f"nodeSelector:\n  node.kubernetes.io/instance-type: {inst.instance_type}\n"
+                  f"# or, in a Karpenter NodePool's spec.template.spec.requirements:\n"
+                  f"- key: node.kubernetes.io/instance-type\n  operator: In\n  values: [\"{inst.instance_type}\"]")))
+    return items
+
+
+def _quantized_advice(model: MemoryModel, total: float) -> Advice:
+    # 4-bit with group scales is ~0.28 of bf16 (embeddings stay 16-bit), fp8 ~0.52
+    of = f" of {model.spec.id}" if model.spec is not None else ""
+    four, eight = total * 0.28, total * 0.52
+    return Advice(kind=AdviceKind.QUANTIZED_VARIANT,
+                  text=f"a pre-quantized 4-bit variant{of} (AWQ or GPTQ) needs about {four:.1f} GiB, fp8 about {eight:.1f} GiB")
 
 
 def what_fits(model: MemoryModel) -> list[tuple[str, Fit]]:

@@ -10,7 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ChangeKind = Literal["flag", "env", "volume", "resources", "probe"]
 M = TypeVar("M", bound=BaseModel)
@@ -133,6 +133,35 @@ class Finding(Frozen):
     changes: list[Change] = Field(default_factory=list)
 
 
+class AdviceKind(StrEnum):
+    """What a person could do when no change to this pod fits (issue 21)."""
+
+    INSTANCE_TYPE = "instance-type"  # a machine whose GPUs hold the model, with its node selector
+    MORE_DEVICES = "more-devices"  # a node (pool) with more of these GPUs, with TP and the device limit
+    QUANTIZED_VARIANT = "quantized-variant"  # fewer bits per weight, and the size that takes
+    LARGER_SLICE = "larger-slice"  # a bigger MIG profile or a whole GPU
+    OWN_GPU = "own-gpu"  # a GPU not shared with other pods
+    NOTE = "note"  # a fact about this node the other items rest on (or a record from before kinds)
+
+
+class Advice(Frozen):
+    """One thing a person can act on: what, why (with the numbers), the changes to the workload it
+    would take, and the node selector or NodePool requirement as YAML when it needs other nodes."""
+
+    kind: AdviceKind
+    text: str
+    changes: list[Change] = Field(default_factory=list)
+    yaml: str | None = None
+
+
+ADVICE_HEAD = "Advice (not a change to approve): "
+
+
+def advice_text(items: list[Advice]) -> str:
+    """The advice as one sentence (the terminal's and the chat's summary); "" without any."""
+    return (ADVICE_HEAD + "; ".join(a.text for a in items) + ".") if items else ""
+
+
 class DiagnosisResult(Frozen):
     """What the diagnoser concluded. cause None means: no known cause, and no change."""
 
@@ -144,7 +173,7 @@ class DiagnosisResult(Frozen):
     confidence: Literal["high", "medium", "low"] = "high"
     stage: str | None = None
     memory_picture: str = ""
-    advice: str = ""  # what would work but is no change to this pod (bigger GPUs, a quantized model): no button
+    advice: list[Advice] = Field(default_factory=list)  # what would work but is no change to this pod: no button
     alternative: str = ""  # the answer to the obvious alternative to the change, from the same budget
     findings: list[Finding] = Field(default_factory=list)  # pod-spec faults beside the primary cause
     command_before: list[str] = Field(default_factory=list)  # full argv as the container runs it
@@ -157,6 +186,14 @@ class DiagnosisResult(Frozen):
     restarts: int | None = None
     facts: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("advice", mode="before")
+    @classmethod
+    def _advice_from_text(cls, value: Any) -> Any:
+        """Records stored before advice had kinds held one sentence: kept as one note."""
+        if isinstance(value, str):
+            return [Advice(kind=AdviceKind.NOTE, text=value.removeprefix(ADVICE_HEAD).rstrip("."))] if value else []
+        return value
+
     def to_public_json(self) -> dict[str, Any]:
         """The documented `diagnose --format json` object."""
         return {
@@ -168,7 +205,7 @@ class DiagnosisResult(Frozen):
             "confidence": self.confidence,
             "stage": self.stage,
             "memory_picture": self.memory_picture,
-            "advice": self.advice,
+            "advice": [a.model_dump(mode="json") for a in self.advice],
             "findings": [f.model_dump(mode="json") for f in self.findings],
             "command_before": self.command_before,
             "command_after": self.command_after,

@@ -19,7 +19,7 @@ from bot.diagnosis.budget import Fit
 from bot.diagnosis.evidence import node_view, pod_view
 from bot.diagnosis.gpus import product_spec
 from bot.diagnosis.logfacts import LogFacts
-from bot.diagnosis.models import Evidence, LogText
+from bot.diagnosis.models import Evidence, LogText, advice_text
 from bot.diagnosis.signals import compute
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet")
@@ -173,7 +173,7 @@ def _search(model: levers.MemoryModel, fit: Fit, result: PlanResult) -> None:
     if found is not None:
         result.change, result.change_margin_gib = found.lever, found.fit.margin_gib
     elif stage == "weights" or any(c.fit.first_failure == "weights" for c in model.considered):
-        result.advice = levers.advice_for_weights(model, node_gpus)
+        result.advice = advice_text(levers.advice_for_weights(model, node_gpus))
     result.considered = [f"{c.lever}: {c.why_not}" for c in model.considered if not c.chosen]
 
 

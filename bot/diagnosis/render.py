@@ -122,11 +122,21 @@ def render_text(d: DiagnosisResult) -> str:
             out.append("Instead? " + d.alternative)
     else:
         out.append("No change proposed.")
-    if d.advice:
-        out.append("")
-        out.append(d.advice)
+    out.extend(advice_lines(d))
     out.extend(_findings(d))
     return "\n".join(out)
+
+
+def advice_lines(d: DiagnosisResult) -> list[str]:
+    """The advice, one item a paragraph: what, the changes it would take, its node selector YAML."""
+    if not d.advice:
+        return []
+    out = ["", "Advice (not a change to approve):"]
+    for a in d.advice:
+        out.append(f"  - {a.text}")
+        out += [f"      would set {c.name}: {c.after}" for c in a.changes]
+        out += [f"      {line}" for line in (a.yaml or "").splitlines()]
+    return out
 
 
 def _findings(d: DiagnosisResult) -> list[str]:

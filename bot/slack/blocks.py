@@ -264,6 +264,18 @@ def _findings_line(d: DiagnosisResult) -> str:
         for f in d.findings)
 
 
+def _advice_text(d: DiagnosisResult) -> str:
+    """Each piece of advice: what and why, the workload changes it takes, its node selector as YAML."""
+    parts = []
+    for a in d.advice:
+        lines = [f"• {escape(a.text)}"]
+        lines += [f"   would set {inline_code(f'{c.name}: {c.after}')}" for c in a.changes]
+        if a.yaml:
+            lines.append(code_block(a.yaml, 600))
+        parts.append("\n".join(lines))
+    return "*What would fit* (advice, not a change to approve)\n" + "\n".join(parts)
+
+
 def _findings_thread(d: DiagnosisResult) -> str:
     parts = []
     for f in d.findings:
@@ -312,8 +324,7 @@ def incident_thread(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[s
     if d.alternative:
         blocks.append(_section("*Instead?* " + escape(d.alternative), block_id="alternative"))
     if d.advice:
-        blocks.append(_section("*What would fit* (advice, not a change to approve)\n" + escape(d.advice),
-                               block_id="advice"))
+        blocks.append(_section(_advice_text(d), block_id="advice"))
     if d.findings:
         blocks.append(_section(_findings_thread(d), block_id="findings"))
     p = incident.proposal

@@ -6,6 +6,7 @@ from builders import make_node, make_pod, write_bundle
 
 from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.evidence import load_bundle
+from bot.diagnosis.models import advice_text
 
 
 def changes_of(result):
@@ -67,7 +68,7 @@ def test_a_busy_gpu_that_cannot_hold_the_weights_gets_no_change_and_advice(tmp_p
     assert result.cause == "shared-gpu-free-memory"
     assert result.changes == []
     assert "0.06 x 22.05 GiB = 1.32 GiB cannot hold" in result.explanation
-    assert result.advice.startswith("Advice (not a change to approve)")
+    assert advice_text(result.advice).startswith("Advice (not a change to approve)")
 
 
 def test_a_gpu_with_nothing_free_gets_no_change(tmp_path):

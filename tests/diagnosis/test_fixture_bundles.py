@@ -17,6 +17,7 @@ from builders import FIXTURE_BUNDLES
 from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.evaluate import score_case
 from bot.diagnosis.evidence import load_bundle
+from bot.diagnosis.models import advice_text
 from bot.diagnosis.playbooks import load_dir
 
 CASES = sorted(p for p in FIXTURE_BUNDLES.glob("*") if (p / "expected.json").is_file())
@@ -55,7 +56,7 @@ def test_fixture_bundle_memory_outcome(case):
     if expected.get("no_change"):
         assert result.changes == [], result.changes
     if expected.get("advice"):
-        assert result.advice.startswith("Advice (not a change to approve)"), result.advice
+        assert advice_text(result.advice).startswith("Advice (not a change to approve)"), result.advice
     if "margin_at_least" in expected:
         margins = [float(m) for m in re.findall(r"fits with (-?[\d.]+) GiB to spare", result.explanation)]
         assert margins and min(margins) >= expected["margin_at_least"], result.explanation
@@ -66,7 +67,7 @@ def test_fixture_bundle_memory_outcome(case):
     for change in expected.get("changes", []):
         assert any(c.name == change["name"] and c.after == change["after"] for c in result.changes), result.changes
     for text in expected.get("explanation_has", []):
-        assert text in result.explanation + result.memory_picture + result.advice, text
+        assert text in result.explanation + result.memory_picture + advice_text(result.advice), text
 
 
 @pytest.mark.parametrize("case", CASES, ids=[p.name for p in CASES])
@@ -74,6 +75,6 @@ def test_never_echoes_vllms_utilization_advice_for_weights(case):
     """vLLM 0.13+ says 'Try lowering --gpu-memory-utilization to free memory for weights': wrong
     (utilization caps vLLM's budget, it frees nothing), so no text the bot sends repeats it."""
     result = diagnose(load_bundle(case))
-    sent = " ".join([result.explanation, result.advice, result.memory_picture, *result.evidence])
+    sent = " ".join([result.explanation, advice_text(result.advice), result.memory_picture, *result.evidence])
     assert "Try lowering --gpu-memory-utilization" not in sent
     assert "lowering --gpu-memory-utilization to free memory" not in sent

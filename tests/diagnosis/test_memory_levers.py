@@ -11,7 +11,7 @@ from bot.diagnosis.budget import BudgetInputs, Config, LogFigures, build_budget
 from bot.diagnosis.catalogue import resolve_model
 from bot.diagnosis.gpus import gpu_grant
 from bot.diagnosis.logfacts import extract
-from bot.diagnosis.models import LogText
+from bot.diagnosis.models import LogText, advice_text
 from bot.diagnosis.signals import Signals
 
 
@@ -54,7 +54,7 @@ def test_tensor_parallel_search_never_spans_mig_slices():
                    max_model_len=8192)
     assert model.grant.mig_profile == "1g.10gb"
     assert not model.grant.can_tensor_parallel  # CUDA and NCCL cannot run one model across slices
-    advice = levers.advice_for_weights(model, node_gpus=7)
+    advice = advice_text(levers.advice_for_weights(model, node_gpus=7))
     assert "TP cannot span MIG slices" in advice
     assert "limits.nvidia.com/gpu: 2" not in advice  # more slices never hold a bigger model
 
@@ -63,7 +63,7 @@ def test_whole_gpus_do_get_the_tensor_parallel_advice():
     node = make_node(product="NVIDIA-L4", memory_mib=23034, count=1)
     model = _model(make_pod(command=["vllm", "serve", "m"]), node, model="Qwen/Qwen2.5-32B-Instruct",
                    tensor_parallel_size=1, gpu_count=1, max_model_len=8192)
-    assert "limits.nvidia.com/gpu: 4" in levers.advice_for_weights(model, node_gpus=1)
+    assert "limits.nvidia.com/gpu: 4" in advice_text(levers.advice_for_weights(model, node_gpus=1))
 
 
 def _l40s_model():

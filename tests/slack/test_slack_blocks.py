@@ -188,8 +188,9 @@ def test_proposals_only_message_has_no_approve_button_and_says_why():
 
 def test_advice_is_shown_without_a_button_when_no_change_fits():
     inc = incident(state="diagnosed", with_proposal=False)
-    inc = inc.model_copy(update={"diagnosis": inc.diagnosis.model_copy(update={
-        "changes": [], "advice": "8 of these 22 GiB GPUs would hold the weights <!channel>"})})
+    # a record stored before advice had kinds: one sentence, read as one note
+    inc = inc.revised(diagnosis=DiagnosisResult(**{**inc.diagnosis.model_dump(), "changes": [],
+                                                   "advice": "8 of these 22 GiB GPUs would hold the weights <!channel>"}))
     _, blocks = incident_message(inc)
     assert buttons(blocks) == [] and "advice in the thread" in all_text(blocks)
     _, blocks = incident_thread(inc)
