@@ -346,6 +346,21 @@ def utilization_lower_for_headroom(ctx: Context) -> Computed | None:
     return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".")
 
 
+@formula
+def utilization_for_runtime_headroom(ctx: Context) -> Computed | None:
+    """Headroom for a run-time allocation (utilization_lower_for_headroom), checked by the budget: the
+    smaller KV pool must still hold --max-model-len, else the context is shortened with it."""
+    lowered = utilization_lower_for_headroom(ctx)
+    if lowered is None or lowered.after is None or ctx.memory is None:
+        return lowered
+    found = levers.try_lever(ctx.memory, f"--gpu-memory-utilization {lowered.after}", shorten=True,
+                             gpu_memory_utilization=float(lowered.after))
+    if found is None:
+        return None if ctx.memory.considered[-1].fit.verdict != "unknown" else lowered
+    return Computed(after=lowered.after, before=lowered.before,
+                    arithmetic=lowered.arithmetic + levers.margin_text(found.fit))
+
+
 # ---- boolean and count flags ------------------------------------------------------------
 
 

@@ -80,6 +80,7 @@ class Crash:
     reason: str | None
     finished_at: str | None
     detected_at: float  # time.monotonic() when the watch saw it
+    after_ready: bool = False  # the container had been Ready before it died: a run-time crash, not start-up
 
 
 @dataclass
@@ -89,6 +90,7 @@ class WatchStats:
     watches: int = 0
     reconnects: int = 0
     crashes: int = 0  # taken by the work queue (queued, folded or replacing a waiting one)
+    crashes_after_ready: int = 0  # of those, containers that had been Ready (run-time OOM, EngineDeadError)
     dropped_crashes: int = 0  # the work queue refused them: max_pending_alerts already waiting
     errors: list[str] = field(default_factory=list)  # the last few, for logs and tests
     # The resourceVersions of the last pod states handled (listed or watched, crashes submitted):
@@ -137,9 +139,13 @@ class PodState:
     def __init__(self, all_containers: bool):
         self.all_containers = all_containers
         self.pods: dict[tuple[str, str], dict[str, Seen]] = {}
+        # containers seen Ready since their last termination: a crash of one of them happened while
+        # serving (hours after start, or on a first request), which a restart count alone cannot tell
+        self.was_ready: set[tuple[str, str, str]] = set()
 
-    def observe(self, pod: dict[str, Any], report: bool) -> list[tuple[str, dict[str, Any]]]:
-        """Record the pod; return its containers' new crash terminations (when `report`)."""
+    def observe(self, pod: dict[str, Any], report: bool) -> list[tuple[str, dict[str, Any], bool]]:
+        """Record the pod; return its containers' new crash terminations (when `report`), each with
+        whether that container had been Ready before it."""
         meta = pod.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         names = _watched_containers(pod, self.all_containers)
@@ -148,7 +154,7 @@ class PodState:
             return []
         known = self.pods.get(key)
         seen: dict[str, Seen] = {}
-        new: list[tuple[str, dict[str, Any]]] = []
+        new: list[tuple[str, dict[str, Any], bool]] = []
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             name = status.get("name")
             if name not in names:
@@ -157,14 +163,21 @@ class PodState:
             now: Seen = (int(status.get("restartCount") or 0), (terminated or {}).get("finishedAt"))
             seen[name] = now
             before = (known or {}).get(name)
-            if terminated is not None and _is_crash(terminated) and report and _is_new(before, now):
-                new.append((name, terminated))
+            ready_key = (*key, str(name))
+            if terminated is not None and _is_new(before, now):
+                if _is_crash(terminated) and report:
+                    new.append((name, terminated, ready_key in self.was_ready))
+                self.was_ready.discard(ready_key)  # a new run: Ready must be seen again
+            if status.get("ready") is True:
+                self.was_ready.add(ready_key)
         self.pods[key] = seen
         return new
 
     def forget(self, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
-        self.pods.pop((str(meta.get("namespace") or ""), str(meta.get("name") or "")), None)
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        self.pods.pop(key, None)
+        self.was_ready = {k for k in self.was_ready if k[:2] != key}
 
     def keep_only(self, keys: Iterable[tuple[str, str]], namespace: str | None) -> None:
         """After a relist: forget pods of this namespace (or all) that no longer exist."""
@@ -172,6 +185,7 @@ class PodState:
         for key in list(self.pods):
             if (namespace is None or key[0] == namespace) and key not in alive:
                 del self.pods[key]
+        self.was_ready = {k for k in self.was_ready if k[:2] in self.pods}
 
 
 class Gone(Exception):
@@ -317,8 +331,8 @@ class PodWatch:
         now = time.monotonic()
         return [Crash(namespace=str(meta.get("namespace") or ""), pod=str(meta.get("name") or ""), container=name,
                       exit_code=terminated.get("exitCode"), reason=terminated.get("reason"),
-                      finished_at=terminated.get("finishedAt"), detected_at=now)
-                for name, terminated in self.state.observe(pod, report)]
+                      finished_at=terminated.get("finishedAt"), detected_at=now, after_ready=after_ready)
+                for name, terminated, after_ready in self.state.observe(pod, report)]
 
     # -- the crashes: into the one work queue, folded per workload
     def _submit(self, crash: Crash) -> None:
@@ -330,8 +344,9 @@ class PodWatch:
             log.warning("pod watch: the work queue is full, %s/%s left to the alert path", crash.namespace, crash.pod)
             return
         self.stats.crashes += 1
-        log.info("pod watch: %s/%s container %s terminated (exit %s, %s)", crash.namespace, crash.pod,
-                 crash.container, crash.exit_code, crash.reason)
+        self.stats.crashes_after_ready += crash.after_ready
+        log.info("pod watch: %s/%s container %s terminated (exit %s, %s)%s", crash.namespace, crash.pod,
+                 crash.container, crash.exit_code, crash.reason, " after it had been Ready" if crash.after_ready else "")
 
 
 def as_alert(crash: Crash, cluster: str | None = None) -> AlertTarget:

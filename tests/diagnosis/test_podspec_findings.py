@@ -111,3 +111,25 @@ def test_probe_window_below_the_logged_load_time():
     result = run(KV_SHORT, [MODEL, "--tensor-parallel-size", "2"], volumes=volumes("8Gi"), mounts=SHM,
                  liveness=roomy)
     assert FindingKind.PROBE_BUDGET_SHORT not in kinds(result)
+
+
+READY_THEN_DEAD = """INFO 11-30 05:00:01 [core.py:58] Initializing a V1 LLM engine (v0.10.1) with config: model='meta-llama/Llama-3.1-8B-Instruct', tensor_parallel_size=1
+INFO:     Application startup complete.
+ERROR 11-30 07:10:00 [async_llm.py:420] AsyncLLM output_handler failed.
+vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+"""
+
+
+def test_engine_dead_after_ready_without_an_oom_is_no_memory_cause():
+    """A server that died on a request with no memory figure: an incident with no known cause and no
+    change, never the run-time OOM playbook's utilization cut."""
+    result = run(READY_THEN_DEAD, [MODEL], gpus="1", node_gpus=1)
+    assert result.cause is None and result.changes == []
+    oom = READY_THEN_DEAD.replace(
+        "vllm.v1.engine", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+        "capacity of 79.19 GiB of which 1.10 GiB is free. Including non-PyTorch memory, this process has 78.07 GiB "
+        "memory in use. Of the allocated memory 77.50 GiB is allocated by PyTorch, and 100.00 MiB is reserved by "
+        "PyTorch but unallocated.\nvllm.v1.engine", 1)
+    result = run(oom, [MODEL, "--gpu-memory-utilization", "0.95"], gpus="1", node_gpus=1)
+    assert result.cause == "runtime-oom-after-ready"
+    assert [(c.name, c.before) for c in result.changes][:1] == [("--gpu-memory-utilization", "0.95")]

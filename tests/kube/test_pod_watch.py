@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from builders import EXAMPLE_LOG
+from builders import EXAMPLE_LOG, FIXTURE_BUNDLES
 from kubeapi.objects import container, deployment, node, start_pod
 from kubeapi.server import FakeKube
 from slackapi import SlackStandIn
@@ -215,3 +215,43 @@ def test_memory_is_two_numbers_per_vllm_container_and_nothing_for_other_pods():
     assert is_vllm_container({"image": "registry.local/llm:1", "command": ["python3", "-m",
                                                                             "vllm.entrypoints.openai.api_server"]})
     assert not is_vllm_container({"image": "registry.local/llm:1", "args": ["serve"]})
+
+
+RUNTIME_BUNDLE = FIXTURE_BUNDLES / "runtime-oom-after-ready-v1-logits"
+
+
+def test_a_container_that_had_been_ready_dies_serving_and_becomes_an_incident_with_a_proposal(world):
+    """Issue 21: a crash hours after start (run-time OOM, then EngineDeadError) is one incident, as a
+    start-up crash is: the same message, with the proposal from the run-time playbook."""
+    kube, slack, watch = world
+    kube.put(node(labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}))
+    c = container(command=["vllm", "serve", "Qwen/Qwen2.5-32B-Instruct"],
+                  args=["--max-model-len", "32768", "--gpu-memory-utilization", "0.92"])
+    dep = kube.put(deployment("qwen-32b", [c], NS))
+    pod = start_pod(kube, dep, "ready")["metadata"]["name"]  # Ready, serving
+    service = make_service(kube, slack)
+    w = watch(service)
+    assert kube.wait_for_watchers(1)
+    crash(kube, pod, log=(RUNTIME_BUNDLE / "previous.log").read_text(), finished="2026-11-30T11:05:22Z")
+    assert wait_until(lambda: len(slack.posts()) == 1), "the run-time crash posted nothing"
+    assert w.stats.crashes == 1 and w.stats.crashes_after_ready == 1
+    incident = service.store.list()[0]
+    assert incident.cause == "runtime-oom-after-ready"
+    assert incident.proposal is not None
+    assert any(ch.name == "--gpu-memory-utilization" and ch.after == "0.87" for ch in incident.proposal.changes)
+    assert "ran out of GPU memory while serving, after it had been Ready" in str(slack.posts()[0])
+
+
+def test_ready_is_remembered_per_run():
+    state = PodState(all_containers=False)
+    pod = {"metadata": {"namespace": NS, "name": "p"},
+           "spec": {"containers": [{"name": "c", "image": "vllm/vllm-openai:v0.11.0"}]},
+           "status": {"containerStatuses": [{"name": "c", "restartCount": 0, "ready": True}]}}
+    assert state.observe(pod, report=False) == []
+    died = {"exitCode": 1, "reason": "Error", "finishedAt": "2026-11-30T11:05:22Z"}
+    pod["status"]["containerStatuses"][0].update(ready=False, restartCount=1, lastState={"terminated": died})
+    assert state.observe(pod, report=True) == [("c", died, True)]
+    # the next run never got Ready: its crash is a start-up crash
+    again = dict(died, finishedAt="2026-11-30T11:07:00Z")
+    pod["status"]["containerStatuses"][0].update(restartCount=2, lastState={"terminated": again})
+    assert state.observe(pod, report=True) == [("c", again, False)]
