@@ -76,6 +76,7 @@ OTHER_MEANINGS = {
     ("bot/diagnosis/logformats.py", "ready"),  # the vLLM start-up stage "ready" (the server is up)
     ("bot/diagnosis/signals.py", "ready"),
     ("bot/diagnosis/render.py", "ready"),
+    ("bot/kube/watch.py", "ready"),  # the Kubernetes containerStatus field `ready` (was it Ready before it died)
     ("bot/cli/plan.py", "refused"),  # `plan --vllm-version`'s JSON: the flags the target release refuses
     ("bot/http/alerts.py", "resolved"),  # Alertmanager's wire format: status firing | resolved
     ("bot/app/intake.py", "resolved"),  # ... counted as the alerts-received metric's label
