@@ -78,7 +78,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         picture = _picture(memory, signals, base["memory_picture"], bool(changes))
         new_command, new_args = cmdline.apply_flag_changes(parsed, changes)
         return DiagnosisResult(
-            findings=podspec.findings(ctx, book.id), cause=book.id,  # after the picture: findings may try levers
+            cause=book.id,
             title=book.title,
             explanation=_explain(book, signals, changes, arithmetic, note, cautions, software=bool(problem)),
             evidence=_evidence_lines(book, signals, matched_lines, facts),
@@ -87,6 +87,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
             command_after=list(new_command or []) + list(new_args or []),
             advice=advice,
             alternative=impact.alternative(memory, changes) if changes else "",
+            findings=podspec.findings(ctx, book.id),  # last: it may try levers the picture must not list
             **{**base, "memory_picture": picture},
         )
 
