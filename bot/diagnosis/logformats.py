@@ -827,10 +827,23 @@ LINE_PREFIXES: tuple[LineShape, ...] = (
     LineShape("docker_compose", r"[A-Za-z0-9][\w.-]{0,80}\s+\|\s",
               versions="any", source="docker compose logs ('service-1  | ')"),
     LineShape("process",
-              r"\((?:[A-Za-z_][\w.-]*)(?: [\w.-]+)? pid=\d+(?:, ip=[\w.:-]+)?\)\s*",
-              versions="0.4-0.33.0 ('(VllmWorkerProcess pid=N)' V0 multiproc, '(RayWorkerWrapper pid=N, ip=...)' Ray, "
-                       "'(EngineCore_DP0 pid=N)', '(VllmWorker TP0 pid=N)', '(APIServer pid=N)' V1)",
-              source="vllm/executor/multiproc_worker_utils.py, vllm/v1/executor/multiproc_executor.py, Ray's log prefix"),
+              # a process name, optional words ('rank=7', 'TP0'), pid, Ray's ip; Ray's names may hold ':'
+              r"\((?:[A-Za-z_][\w.:-]*(?: [\w.=-]+)*? )?pid=\d+(?:, ip=[\w.:-]+)?\)\s*",
+              versions="0.4-0.33.0 ('(VllmWorkerProcess pid=N)' V0 multiproc to 0.10; '(RayWorkerVllm pid=N)' Ray "
+                       "0.2-0.3, '(RayWorkerWrapper pid=N, ip=...)' 0.4-0.33; V1 '(VllmWorker rank=N pid=N)' 0.8-0.9, "
+                       "'(VllmWorker TP0 pid=N)', '(EngineCore_0 pid=N)' 0.8.5, '(EngineCore_DP0 pid=N)' 0.10-0.32, "
+                       "'(Worker_TP2 pid=N)' / '(Worker_PP1_TP3 pid=N)' 0.10-0.33, '(APIServer pid=N)'; 0.33 puts "
+                       "'(EngineCore pid=N)' in the log format, so its tracebacks carry no prefix at all)",
+              source="vllm/executor/multiproc_worker_utils.py, vllm/v1/executor/multiproc_executor.py, "
+                     "vllm/v1/engine/utils.py, Ray's log prefix '(<actor> pid=<pid>, ip=<ip>)'"),
+    LineShape("ray_system",
+              r"\((?:raylet|gcs_server|autoscaler|monitor|dashboard[\w.]*|log_monitor)(?:, ip=[\w.:-]+)?\)\s*",
+              versions="Ray 2.x (vLLM's Ray executor, 0.2-0.33)",
+              source="Ray's log monitor: lines of its system processes, '(raylet)' / '(raylet, ip=10.0.0.2)'"),
+    LineShape("ray_file",
+              r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [EWIDF] \d+ \d+\] \(?[\w.]+:\d+\)?:?\s*",
+              versions="Ray 2.x", source="Ray's C++ logs (raylet, store_runner.cc): '[2025-06-01 10:00:00,123 E 15 15] "
+                                         "(raylet) store_runner.cc:48: ...' / 'store_runner.cc:48:'"),
     LineShape("vllm_logger",
               r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./<>-]+(?::\d+)?\]\s*",
               versions="0.4-0.33.0 ('file.py:N]' to 0.6.x, '[file.py:N]' later)",
