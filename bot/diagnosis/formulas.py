@@ -912,4 +912,4 @@ def constant(ctx: Context, *, value: str, reason: str) -> Computed | None:
 
 
 # Formulas kept in their own modules register themselves on import.
-from bot.diagnosis import flag_drift  # noqa: E402,F401  (drop_unrecognized_flags)
+from bot.diagnosis import flag_drift, named_bounds  # noqa: E402,F401  (drop_unrecognized_flags, bound_vllm_named)

@@ -158,6 +158,10 @@ FACTS: dict[str, str] = {
     "sleep_freed_gib": "memory a sleep-mode instance freed when it fell asleep",
     "sleep_held_gib": "memory a sleeping instance still holds (it counts against a co-located pod's free memory)",
     "kv_pool_pinned": "--kv-cache-memory-bytes fixed the KV pool (profiling skipped, utilization not used for KV)",
+    "vllm_bounds": "bounds vLLM's own messages name for its flags: {'--max-num-seqs': {'at_most': 854}, ...}, in the "
+                   "order printed (see `flag_bounds`)",
+    "vllm_error_bounds": "the same, from error lines only (an exception or an ERROR line: the reason start-up stopped)",
+    "mamba_blocks": "Mamba (SSM state) cache blocks, one per decode sequence, that vLLM could allocate",
     "alloc_conf_hint_name": "the allocator variable PyTorch's hint names (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF)",
     **{name: f"--{name[len('config_'):].replace('_', '-')} from the engine config line" for name in CONFIG_FACTS},
 }
@@ -267,6 +271,92 @@ def frame_stage(state: _State, m: re.Match[str], line: str, n: int) -> None:
         stage = "weights"
     if stage:
         state.frame_stages.append(stage)
+
+
+# vLLM names its own flags in its messages ("lower max_num_seqs to at most 854", "increase
+# --gpu-memory-utilization to 0.8048", "max_num_batched_tokens (2048) is smaller than max_model_len
+# (4096). Please increase max_num_batched_tokens"). The grammar below reads any such sentence; a
+# word counts as a flag only when some vLLM release has it (data/vllm_flag_history.yaml), so a
+# config field that is not a flag ('max_tokens_per_mm_item') bounds nothing. Advice without a
+# number ("Try increasing gpu_memory_utilization") is not a bound: vLLM's direction-only hints are
+# sometimes wrong (the weights wrapper's "lower --gpu-memory-utilization"), its numbers are not.
+_FLAG_WORD = r"`?(--?[a-z][a-z0-9]*(?:[-_][a-z0-9]+)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)`?"
+_BOUND_NUM = r"(\d+(?:,\d{3})*(?:\.\d+)?)"
+_AT = re.compile(_FLAG_WORD + r"\s+to\s+(at most|no more than|at least|no less than)\s+" + _BOUND_NUM)
+_MOVE = re.compile(r"\b(increase|raise|lower|decrease|reduce|set)\s+" + _FLAG_WORD
+                   + r"\s+(?:from\s+[\d.,]+\s+)?to\s+" + _BOUND_NUM + r"(?![\w.]*\s*(?:GiB|MiB|%))", re.I)
+_ESTIMATE = re.compile(r"estimated maximum model length is " + _BOUND_NUM)
+_PAIR = re.compile(_FLAG_WORD + r" \(" + _BOUND_NUM + r"\) (is larger than|is greater than|exceeds|is smaller than|"
+                   r"is less than)\s+(?:the\s+|available\s+)?([\w` -]{1,60}?)\s*\(" + _BOUND_NUM + r"\)")
+_ADVICE = re.compile(r"\b(increas|rais|lower|decreas|reduc)(?:e|ing)\s+" + _FLAG_WORD, re.I)
+_DOWN = ("lower", "decreas", "reduc")
+
+
+def vllm_flag(word: str | None) -> str | None:
+    """'max_num_seqs', '`max_num_seqs`', '--max-num-seqs' -> '--max-num-seqs' when a vLLM release has it."""
+    from bot.diagnosis.vllm_versions import TABLE
+
+    if not word:
+        return None
+    name = "--" + word.strip("`").lstrip("-").replace("_", "-").strip()
+    return name if name in TABLE().flags else None
+
+
+def _number(text: str) -> float | int:
+    value = float(text.replace(",", ""))
+    return int(value) if value.is_integer() and "." not in text else value
+
+
+def _add_bound(bounds: dict[str, dict[str, Any]], word: str | None, kind: str, value: str) -> None:
+    flag = vllm_flag(word)
+    if flag is None:
+        return
+    entry = bounds.setdefault(flag, {})
+    number = _number(value)
+    if kind not in entry or (number < entry[kind] if kind == "at_most" else number > entry[kind]):
+        entry[kind] = number  # the tightest bound any message named
+
+
+def read_flag_bounds(message: str) -> dict[str, dict[str, Any]]:
+    """Every bound one message names for a vLLM flag (see the grammar above)."""
+    bounds: dict[str, dict[str, Any]] = {}
+    for word, how, value in _AT.findall(message):
+        _add_bound(bounds, word, "at_most" if how in {"at most", "no more than"} else "at_least", value)
+    for verb, word, value in _MOVE.findall(message):
+        if verb.lower() != "set":
+            _add_bound(bounds, word, "at_most" if verb.lower().startswith(_DOWN) else "at_least", value)
+    for value in _ESTIMATE.findall(message):
+        _add_bound(bounds, "max_model_len", "at_most", value)
+    advice = [(verb.lower(), vllm_flag(word)) for verb, word in _ADVICE.findall(message)]
+    for first, first_value, relation, second, second_value in _PAIR.findall(message):
+        larger = relation in {"is larger than", "is greater than", "exceeds"}
+        one, other = vllm_flag(first), vllm_flag(second.strip().rsplit(" ", 1)[-1])
+        for verb, flag in advice:
+            down = verb.startswith(_DOWN)
+            if flag is not None and flag == one and down == larger:  # shrink the larger / grow the smaller
+                _add_bound(bounds, flag, "at_most" if down else "at_least", second_value)
+            elif flag is not None and flag == other and down != larger:
+                _add_bound(bounds, flag, "at_least" if larger else "at_most", first_value)
+    return bounds
+
+
+@handler
+def flag_bounds(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    found = read_flag_bounds(m.string)
+    if not found:
+        return
+    old = state.facts.get("vllm_bounds")
+    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (old.value if old else {}).items()}
+    for flag, entry in found.items():
+        for kind, value in entry.items():
+            _add_bound(merged, flag, kind, str(value))
+    # the line kept is the first that named a bound: the error, not a later repetition
+    state.put("vllm_bounds", merged, old.line if old else line, old.line_no if old else n, keep="last")
+    if _ERROR_LINE.search(line):  # an INFO hint on a healthy start bounds nothing that failed
+        state.put("vllm_error_bounds", found, line, n)
+
+
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bERROR\b|\bCRITICAL\b")
 
 
 # ---- declarations ---------------------------------------------------------------------------
@@ -537,6 +627,35 @@ FORMATS: tuple[LogFormat, ...] = (
         literals=("Auto-fit max_model_len",),
         puts=(number(1, "autofit_len", int),),
         versions="0.14.1-0.33.0 (--max-model-len auto)", source=_V1_KV),
+    LogFormat(
+        "mamba_blocks",
+        r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)",
+        literals=("Mamba cache blocks",),
+        puts=(number(1, "mamba_blocks", int, keep="min"),),
+        marks="kv_sizing", wrappable=True,
+        versions="0.17-0.33.0 (read in 0.33.0; raised with FULL decode CUDA graphs for hybrid/Mamba models, "
+                 "vllm-project/vllm#34094); ' Please lower max_num_seqs to at most M or increase "
+                 "gpu_memory_utilization.' follows (read by `flag_bound`)",
+        source="vllm/config/compilation.py resolve_cudagraph_mode_and_sizes (vllm@v0.33.0:1526-1532)"),
+    LogFormat(
+        # any sentence of vLLM's that names one of its flags with a number: the generic reader
+        "flag_bound",
+        r"(?i)\bto\s+(?:at most|at least|no more than|no less than)\s+\d|(?:increase|raise|lower|decrease|reduce)\s+"
+        r"`?-{0,2}[a-z]+(?:[_-][a-z0-9]+)+`?\s+(?:from\s+[\d.]+\s+)?to\s+\d|estimated maximum model length is \d"
+        r"|\(\d+\) (?:is larger than|is greater than|exceeds|is smaller than|is less than)[^.]*\.\s*Please",
+        literals=("at most", "at least", "no more than", "no less than", " to 0.", "estimated maximum model length",
+                  "Please increase", "Please lower", "Please reduce", "Please decrease", "increase ", "lower ",
+                  "decrease ", "reduce "),
+        handler="flag_bounds", handler_yields=("vllm_bounds", "vllm_error_bounds"),
+        versions="0.4.0-0.33.0: 'estimated maximum model length is N' 0.9.1-0.33.0; 'lower max_num_seqs to at most M' "
+                 "0.17-0.33.0 (Mamba); 'increase --gpu-memory-utilization to %.4f' 0.22.0-0.33.0 (CUDA graph "
+                 "profiling, gpu_worker.py); 'max_num_batched_tokens (N) is smaller than max_model_len (M). Please "
+                 "increase max_num_batched_tokens or decrease max_model_len.' 0.4-0.33.0 (config/scheduler.py); "
+                 "'... is larger than max_num_batched_tokens (M). Please increase max_num_batched_tokens.' "
+                 "(v1/core/encoder_cache_manager.py)",
+        source="the wording of vLLM's own messages, read in the 0.33.0 wheel: vllm/config/compilation.py, "
+               "vllm/config/scheduler.py, vllm/v1/core/kv_cache_planning.py, vllm/v1/worker/gpu_worker.py, "
+               "vllm/v1/core/encoder_cache_manager.py"),
     LogFormat(
         "model_runner_v2", r"vllm/v1/worker/gpu/model_runner\.py",
         literals=("worker/gpu/model_runner.py",),

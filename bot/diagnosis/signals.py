@@ -53,6 +53,7 @@ DERIVED = {
     "alloc_conf_set": "PYTORCH_(CUDA_)ALLOC_CONF already enables expandable_segments",
     "died_before_ready": "the log never reached 'ready'",
     "memory_limit_bytes": "the container's memory limit",
+    "named_bound_flag": "the first vLLM flag an error message names with a bound ('lower max_num_seqs to at most 854')",
 }
 
 SIGNALS = LOG_FACTS | set(DERIVED)
@@ -121,6 +122,9 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     _memory_at_oom(s, facts)
     _kv_capacity(s, facts, cmd)
     _weights_estimate(s, facts, cmd)
+    bounds = facts.get("vllm_error_bounds") or {}
+    if bounds:
+        s.set("named_bound_flag", next(iter(bounds)), facts.line_of("vllm_error_bounds"))
     _pod(s, pod)
     _events(s, pod)
     fatal = [e for e in facts.errors if e.value not in BENIGN_ERRORS]
