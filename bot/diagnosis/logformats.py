@@ -68,6 +68,10 @@ def mib_of_bytes(text: str) -> float:
     return int(text) / 2**20
 
 
+def gib_of_bytes(text: str) -> float:
+    return int(text) / 2**30
+
+
 def int_of_either(first: str | None, second: str | None) -> int:
     return int(first or second)  # type: ignore[arg-type]
 
@@ -575,6 +579,16 @@ FORMATS: tuple[LogFormat, ...] = (
         puts=(number(0, "available_kv_gib", keep="min"),),
         marks="kv_sizing",
         versions="0.9.1-0.33.0 (V1)", source="vllm/v1/worker/gpu_worker.py determine_available_memory"),
+    LogFormat(
+        # vllm-ascend's NPU worker logs bytes, unclamped in some releases (negative when nothing is left)
+        "ascend_available_kv", r"Available memory: (-?\d+), total memory: (\d+)",
+        literals=("Available memory: ",),
+        puts=(number(0, "available_kv_gib", gib_of_bytes, keep="min"), number(1, "total_gpu_gib", gib_of_bytes)),
+        marks="kv_sizing",
+        versions="vllm-ascend 0.7.3-0.11.x (worker_v1.py determine_available_memory; 'int(max(x, 0))' clamps it in "
+                 "some releases, not in others)",
+        source="vllm_ascend/worker/worker_v1.py NPUWorker.determine_available_memory "
+               "'Available memory: {available_kv_cache_memory}, total memory: {total_npu_memory}'"),
     LogFormat(
         "kv_memory_bytes", r"reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes",
         literals=("kv_cache_memory_bytes",),
