@@ -536,9 +536,27 @@ def _device_limit(ctx: Context) -> tuple[str, str | None]:
     return resource, limits.get(resource)
 
 
+_CUDA_ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def alloc_env(ctx: Context) -> str | None:
+    """The caching allocator's variable on this pod's PyTorch build: the one PyTorch's own OOM hint
+    names when it is a device's (ROCm prints PYTORCH_HIP_ALLOC_CONF), else the pod's vendor's
+    (data/accelerators.yaml); None on a vendor whose allocator has no expandable segments."""
+    hinted = ctx.signals.get("alloc_conf_hint_name")
+    if hinted and hinted not in {_CUDA_ALLOC_ENV, "PYTORCH_ALLOC_CONF"}:
+        return str(hinted)
+    own, _ = accelerators.pod_device_resource(ctx.pod.container.limits if ctx.pod.container else {})
+    vendor = accelerators.vendor_of(own) if own else None
+    return vendor.alloc_env if vendor is not None else _CUDA_ALLOC_ENV
+
+
 def device_target(ctx: Context, kind: str, name: str) -> str:
     """A playbook's accelerator resource (limits.nvidia.com/gpu) as the pod's own: a pod asking
-    for amd.com/gpu, gpu.intel.com/xe or huawei.com/Ascend910 gets more of that, never NVIDIA's."""
+    for amd.com/gpu, gpu.intel.com/xe or huawei.com/Ascend910 gets more of that, never NVIDIA's;
+    the CUDA allocator's variable as the device's own (PYTORCH_HIP_ALLOC_CONF on ROCm)."""
+    if kind == "env" and name == _CUDA_ALLOC_ENV:
+        return alloc_env(ctx) or name
     section, _, resource = name.partition(".")
     if kind != "resources" or not accelerators.is_device_resource(resource):
         return name
@@ -857,10 +875,11 @@ def startup_probe_for_load(ctx: Context) -> Computed | None:
 @formula
 def expandable_segments(ctx: Context) -> Computed | None:
     s = ctx.signals
-    if s.get("sleep_mode") or s.get("alloc_conf_set"):
-        return None
+    env = alloc_env(ctx)
+    if s.get("sleep_mode") or s.get("alloc_conf_set") or env is None:
+        return None  # (env None: this device's allocator has no expandable segments to turn on)
     container = ctx.pod.container
-    current = container.env.get("PYTORCH_CUDA_ALLOC_CONF") if container else None
+    current = container.env.get(env) if container else None
     new = f"{current},expandable_segments:True" if current else "expandable_segments:True"
     unalloc, tried = s.get("oom_reserved_unallocated_gib"), s.get("oom_tried_gib")
     text = "PyTorch's caching allocator had the memory but in pieces too small"

@@ -742,7 +742,8 @@ FORMATS: tuple[LogFormat, ...] = (
         source="vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run / _dummy_pooler_run"),
     LogFormat(
         "torch_oom_20",
-        r"Tried to allocate " + _SIZE + r" \(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
+        r"Tried to allocate " + _SIZE + r" \((?:GPU|NPU) (\d+); " + _SIZE + r" total capacity; " + _SIZE
+        + r" already allocated;(?: [\d.]+\s*[KMGT]i?B current active;)? "
         + _SIZE + r" free;(?: " + _SIZE + r" allowed;)? " + _SIZE + r" reserved in total by PyTorch\)",
         literals=("total capacity;",),
         puts=(gib(0, 1, "oom_tried_gib"), gib(3, 4, "oom_total_gib"), gib(5, 6, "oom_allocated_gib"),
@@ -750,7 +751,8 @@ FORMATS: tuple[LogFormat, ...] = (
               Put("oom_reserved_unallocated_gib", (11, 12, 5, 6), reserved_minus_allocated),
               flag("oom"), Put("torch_oom_format", value="2.0")),
         wrappable=True,
-        versions="torch <=2.0.1", source=_TORCH_OOM),
+        versions="torch <=2.0.1; torch_npu (Ascend) 2.1-2.8 keeps this layout with '(NPU 0; ...; X current active; ...)'",
+        source=_TORCH_OOM + "; torch_npu NPUCachingAllocator.cpp 'NPU out of memory. Tried to allocate'"),
     LogFormat(
         "torch_oom_21",
         r"Tried to allocate " + _SIZE + r"\. GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE
@@ -759,7 +761,26 @@ FORMATS: tuple[LogFormat, ...] = (
         puts=(gib(0, 1, "oom_tried_gib"), gib(3, 4, "oom_total_gib"), gib(5, 6, "oom_free_gib"),
               flag("oom"), Put("torch_oom_format", value="2.1+")),
         wrappable=True,
-        versions="torch 2.1.x-2.14.0 ('capacty' typo in 2.1.x)", source=_TORCH_OOM),
+        versions="torch 2.1.x-2.14.0 ('capacty' typo in 2.1.x); the same sentence after 'HIP out of memory' (ROCm "
+                 "builds, no per-process list) and 'XPU out of memory' (torch 2.5+)",
+        source=_TORCH_OOM + "; c10/xpu/XPUCachingAllocator.cpp"),
+    LogFormat(
+        "tpu_buffer_oom",
+        r"Attempting to allocate ([\d.]+)([KMGT])\.? That was not possible\. There are ([\d.]+)([KMGT]) free",
+        literals=("That was not possible",),
+        puts=(gib(0, 1, "oom_tried_gib"), gib(2, 3, "oom_free_gib"), flag("oom")),
+        wrappable=True,
+        versions="XLA/PJRT on TPU (torch_xla 2.x, JAX): vLLM TPU 0.5-0.33; exact range unknown",
+        source="XLA PJRT TPU client 'RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate %s. "
+               "That was not possible. There are %s free.'"),
+    LogFormat(
+        "tpu_hbm_oom",
+        r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm",
+        literals=("memory space hbm", " hbm. Exceeded"),
+        puts=(gib(2, 3, "oom_total_gib"), flag("oom")),
+        versions="XLA TPU compiler (torch_xla 2.x, JAX): vLLM TPU 0.5-0.33; exact range unknown",
+        source="XLA TPU 'RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+               "Used %s of %s hbm. Exceeded hbm capacity by %s.'"),
     LogFormat(
         "torch_oom_alloc",
         r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch, (?:with " + _SIZE
@@ -781,12 +802,21 @@ FORMATS: tuple[LogFormat, ...] = (
     LogFormat(
         "oom_generic",
         r"CUDA out of memory|(?<!exceptions\.)OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
-        r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY",
-        literals=("out of memory", "OutOfMemory", "cudaErrorMemoryAllocation", "ALLOC_FAILED", "OUT_OF_MEMORY"),
+        r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY"
+        # the same allocator on other devices (hipify, c10/xpu, torch_npu), HIP's runtime error
+        r"|(?:HIP|XPU|NPU) out of memory|hipErrorOutOfMemory|HIP error: out of memory"
+        # TPU (XLA / PJRT): device buffers or a compiled program that exceed HBM
+        r"|RESOURCE_EXHAUSTED[^\n]{0,200}?(?:memory|allocat|hbm|HBM)|Ran out of memory in memory space hbm",
+        literals=("out of memory", "OutOfMemory", "cudaErrorMemoryAllocation", "ALLOC_FAILED", "OUT_OF_MEMORY",
+                  "hipErrorOutOfMemory", "RESOURCE_EXHAUSTED", "memory space hbm"),
         puts=(flag("oom"),),
         handler="cuda_driver_oom", handler_yields=("cuda_driver_oom",),
-        versions="torch 2.0.1-2.14.0 ('CUDA out of memory'); the CUDA driver and cuBLAS error names: unknown",
-        source=_TORCH_OOM + "; CUDA runtime / cuBLAS error names"),
+        versions="torch 2.0.1-2.14.0 ('CUDA out of memory'; 'HIP out of memory' on ROCm builds, 'XPU out of memory' "
+                 "torch 2.5+ XPU, 'NPU out of memory' torch_npu); XLA's RESOURCE_EXHAUSTED on TPU (vLLM TPU 0.5-0.33 "
+                 "via torch_xla or tpu-inference/JAX); the CUDA driver and cuBLAS error names: unknown",
+        source=_TORCH_OOM + "; c10/xpu/XPUCachingAllocator.cpp; torch_npu NPUCachingAllocator.cpp; XLA/PJRT "
+               "'RESOURCE_EXHAUSTED: Error allocating device buffer' and 'Ran out of memory in memory space hbm'; "
+               "CUDA runtime / cuBLAS error names"),
     LogFormat(
         "weights_wrapper", r"Failed to load model - not enough GPU memory",
         literals=("Failed to load model",),
@@ -928,10 +958,12 @@ FORMATS: tuple[LogFormat, ...] = (
         handler="frame_stage",
         versions="any", source="Python traceback frames (function names: FRAME_STAGES)"),
     LogFormat(
-        "alloc_conf_hint", r"(PYTORCH_(?:CUDA_)?ALLOC_CONF)=expandable_segments",
+        "alloc_conf_hint", r"(PYTORCH_(?:CUDA_|HIP_|NPU_|XPU_)?ALLOC_CONF)=expandable_segments",
         literals=("ALLOC_CONF=expandable",),
         puts=(number(0, "alloc_conf_hint_name", str, keep="last"),),
-        versions="torch 2.2.2-2.14.0 (the newest builds name PYTORCH_ALLOC_CONF)", source=_TORCH_OOM),
+        versions="torch 2.2.2-2.14.0 (the newest builds name PYTORCH_ALLOC_CONF; ROCm builds PYTORCH_HIP_ALLOC_CONF "
+                 "through hipify; torch_npu PYTORCH_NPU_ALLOC_CONF)",
+        source=_TORCH_OOM + " (hipified on ROCm); torch_npu NPUCachingAllocator.cpp"),
 )
 
 check_formats(FORMATS)

@@ -53,6 +53,8 @@ DERIVED = {
     "alloc_conf_set": "PYTORCH_(CUDA_)ALLOC_CONF already enables expandable_segments",
     "died_before_ready": "the log never reached 'ready'",
     "memory_limit_bytes": "the container's memory limit",
+    "fragmented_far": "reserved-but-unallocated memory at the OOM is at least twice the request (and 1 GiB) and below "
+                      "what PyTorch had allocated: the room was there, split",
     "named_bound_flag": "the first vLLM flag an error message names with a bound ('lower max_num_seqs to at most 854')",
 }
 
@@ -211,6 +213,12 @@ def _memory_at_oom(s: Signals, facts: LogFacts) -> None:
         s.set("other_processes_gib", round(_others_at_oom(facts), 2), facts.line_of("oom_tried_gib"))
         unalloc = facts.get("oom_reserved_unallocated_gib") or 0.0
         s.set("fragmented", unalloc >= tried and unalloc >= max(0.5, 0.02 * o_total), facts.line_of("oom_tried_gib"))
+        # far more cached than asked, beside memory really in use (online fp8 quantization frees the bf16 copies
+        # in pieces): the room was there, split. A cache larger than all that is in use is no split but a
+        # loader holding what it should not (a software problem, see levers.software_problem).
+        allocated = facts.get("oom_allocated_gib") or 0.0
+        s.set("fragmented_far", bool(s.get("fragmented")) and unalloc >= max(1.0, 2 * tried) and unalloc < allocated,
+              facts.line_of("oom_tried_gib"))
         # one allocation of many GiB at start-up is a dummy batch's activations, not a weight or a KV block
         s.set("large_single_allocation", tried >= max(2.0, 0.08 * o_total), facts.line_of("oom_tried_gib"))
     s.set("oom_any", bool(facts.get("oom") or facts.get("cuda_driver_oom")))
@@ -289,7 +297,8 @@ def _pod(s: Signals, pod: PodView) -> None:
     s.set("has_liveness_probe", container.has_liveness_probe)
     limit = parse_quantity(container.limits.get("memory")) if container.limits.get("memory") else None
     s.set("memory_limit_bytes", limit)
-    conf = container.env.get("PYTORCH_CUDA_ALLOC_CONF", "") + container.env.get("PYTORCH_ALLOC_CONF", "")
+    # any device's allocator variable (CUDA, HIP, NPU, the generic one)
+    conf = ",".join(v for k, v in container.env.items() if k.startswith("PYTORCH_") and k.endswith("ALLOC_CONF"))
     s.set("alloc_conf_set", "expandable_segments:true" in conf.lower())
     shm = pod.shm_volume or {}
     mem_backed = (shm.get("emptyDir") or {}).get("medium") == "Memory" or bool(shm.get("hostPath"))
