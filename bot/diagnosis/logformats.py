@@ -243,6 +243,9 @@ def exception_line(state: _State, m: re.Match[str], line: str, n: int) -> None:
 FRAME_STAGES = {
     "capture_end": "graph_capture", "capture_model": "graph_capture", "_capture_cudagraphs": "graph_capture",
     "capture": "graph_capture", "capture_begin": "graph_capture", "_warmup_and_capture": "graph_capture",
+    # 0.19+ profiles CUDA-graph memory by capturing before KV sizing; 0.2x+ capture context
+    "profile_cudagraph_memory": "graph_capture", "_get_cudagraph_capture_context": "graph_capture",
+    "_init_minimal_kv_cache_for_profiling": "profiling",
     "_dummy_sampler_run": "warmup", "_dummy_pooler_run": "warmup",
     "profile_run": "profiling", "determine_num_available_blocks": "profiling",
     "profile_num_available_blocks": "profiling", "_dummy_run_for_profile": "profiling",
