@@ -811,7 +811,8 @@ def swap_space_off(ctx: Context) -> Computed | None:
 @formula
 def shm_size(ctx: Context) -> Computed | None:
     s = ctx.signals
-    if s.get("has_shm_volume") and not (s.get("shm_required_mib") and s.get("shm_free_mib") is not None):
+    if s.get("has_shm_volume") and not s.get("shm_volume_short") \
+            and not (s.get("shm_required_mib") and s.get("shm_free_mib") is not None):
         return None
     ranks = max(2, (s.get("world_size") or 1) * (s.get("data_parallel_size") or 1))
     need_gib = max(2, ranks)
@@ -820,16 +821,23 @@ def shm_size(ctx: Context) -> Computed | None:
         stated = s.get("shm_required_mib")
         need_gib = max(need_gib, math.ceil(stated * 4 / 1024))
         why += f"; the log asked for {stated:.0f} MiB, x4 headroom"
+    current = None
+    shm = ctx.pod.shm_volume or {}
+    if shm:
+        current = str((shm.get("emptyDir") or {}).get("sizeLimit") or "unbounded")
+        limit_now = parse_quantity(current) if current != "unbounded" else None
+        if limit_now and need_gib * 2**30 <= limit_now:
+            # the mounted limit already holds the estimate and still ran out: double it
+            need_gib = math.ceil(limit_now * 2 / 2**30)
+            why += f"; the mounted {current} ran out, so twice that"
     limit = s.get("memory_limit_bytes")
     if limit:
         cap = max(2, int(limit / 4 / 2**30))
         if need_gib > cap:
             need_gib = cap
             why += f"; capped at a quarter of the {limit / 2**30:.0f} GiB memory limit (memory-backed emptyDir counts against it)"
-    current = None
-    shm = ctx.pod.shm_volume or {}
-    if shm:
-        current = str((shm.get("emptyDir") or {}).get("sizeLimit") or "unbounded")
+    if current and (parse_quantity(current) or 0) >= need_gib * 2**30:
+        return None  # nothing larger fits the container's memory limit
     return Computed(after=f"{need_gib}Gi", before=current,
                     arithmetic=f"the container runtime gives /dev/shm 64 MiB by default; {why} = emptyDir medium Memory, sizeLimit {need_gib}Gi.")
 

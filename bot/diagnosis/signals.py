@@ -55,6 +55,7 @@ DERIVED = {
     "memory_limit_bytes": "the container's memory limit",
     "fragmented_far": "reserved-but-unallocated memory at the OOM is at least twice the request (and 1 GiB) and below "
                       "what PyTorch had allocated: the room was there, split",
+    "shm_volume_short": "the pod's memory-backed /dev/shm has a sizeLimit and the log says shared memory ran out",
     "named_bound_flag": "the first vLLM flag an error message names with a bound ('lower max_num_seqs to at most 854')",
 }
 
@@ -303,6 +304,13 @@ def _pod(s: Signals, pod: PodView) -> None:
     shm = pod.shm_volume or {}
     mem_backed = (shm.get("emptyDir") or {}).get("medium") == "Memory" or bool(shm.get("hostPath"))
     s.set("has_shm_volume", bool(mem_backed or pod.host_ipc))
+    # a memory-backed /dev/shm with a sizeLimit that the log says ran out (vLLM's pre-check, a failed
+    # segment, SIGBUS): mounted, but too small; hostIPC or an unbounded emptyDir cannot be "too small"
+    size_limit = (shm.get("emptyDir") or {}).get("sizeLimit") if mem_backed and not pod.host_ipc else None
+    required, free = s.get("shm_required_mib"), s.get("shm_free_mib")
+    short = (required is not None and free is not None and free < required) or bool(s.get("shm_error")) \
+        or (bool(s.get("bus_error")) and bool(s.get("multi_process")))
+    s.set("shm_volume_short", bool(size_limit) and short)
 
 
 def _events(s: Signals, pod: PodView) -> None:
