@@ -228,7 +228,14 @@ def utilization_for_free_memory(ctx: Context, *, margin_gib: float = 0.1) -> Com
     s = ctx.signals
     util, raw = current_utilization(ctx)
     total = s.get("gpu_total_gib")
-    if s.get("free_at_start_gib") is not None and total:
+    external = s.get("external_weights_gib") or 0.0  # 0.33 preload: a daemon's weights count in the budget
+    if s.get("free_at_start_gib") is not None and total and external:
+        free = s.get("free_at_start_gib")
+        new = math.floor((free - margin_gib + external) / total * 100) / 100
+        text = (f"{gib(free)} of {gib(total)} was free at start-up; the budget counts the {gib(external)} of weights "
+                f"the preload daemon holds, so the engine may ask for ({free} + {external} - {margin_gib} GiB margin) / "
+                f"{total} = {(free - margin_gib + external) / total:.4f}, rounded down to {fmt_util(new)}")
+    elif s.get("free_at_start_gib") is not None and total:
         free = s.get("free_at_start_gib")
         new = math.floor((free - margin_gib) / total * 100) / 100
         text = (f"{gib(free)} of {gib(total)} was free at start-up but utilization {util} asks for "
@@ -316,6 +323,28 @@ def utilization_raise_for_kv(ctx: Context, *, cap: float = 0.95) -> Computed | N
     else:
         return None
     return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=why + ".")
+
+
+@formula
+def utilization_above_external_weights(ctx: Context, *, headroom_fraction: float = 0.1, cap: float = 0.95) -> Computed | None:
+    """0.33 preload: total x utilization must hold the daemon's weights and leave the engine room (KV, activations)."""
+    s = ctx.signals
+    external, total = s.get("external_weights_gib"), s.get("gpu_total_gib")
+    if not external or not total:
+        return None
+    util, raw = current_utilization(ctx)
+    headroom = max(2.0, headroom_fraction * total)
+    new = math.ceil((external + headroom) / total * 100) / 100
+    if new > cap:
+        raise NoSafeChange(f"the preload daemon holds {gib(external)} of this {gib(total)} GPU; with {gib(headroom)} "
+                           f"for the engine's own KV cache and activations that is more than {fmt_util(cap)} of it, so no "
+                           f"--gpu-memory-utilization fits. Load a smaller or quantized model in the daemon, or shard it.")
+    if new <= util:
+        return None
+    return Computed(after=fmt_util(new), before=before_text(raw, util),
+                    arithmetic=f"the budget total x utilization counts the {gib(external)} the preload daemon holds; "
+                               f"({external} + {headroom:.2f} GiB for the engine) / {total} = "
+                               f"{(external + headroom) / total:.4f}, rounded up to {fmt_util(new)}.")
 
 
 @formula

@@ -165,6 +165,8 @@ FACTS: dict[str, str] = {
     "vllm_bounds": "bounds vLLM's own messages name for its flags: {'--max-num-seqs': {'at_most': 854}, ...}, in the "
                    "order printed (see `flag_bounds`)",
     "vllm_error_bounds": "the same, from error lines only (an exception or an ERROR line: the reason start-up stopped)",
+    "external_weights_gib": "0.33 `vllm preload`: weights a daemon holds on this GPU outside vLLM's process, counted in its budget",
+    "external_weights_exceed": "0.33: the externally held weights alone exceed total x --gpu-memory-utilization",
     "mamba_blocks": "Mamba (SSM state) cache blocks, one per decode sequence, that vLLM could allocate",
     "alloc_conf_hint_name": "the allocator variable PyTorch's hint names (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF)",
     **{name: f"--{name[len('config_'):].replace('_', '-')} from the engine config line" for name in CONFIG_FACTS},
@@ -364,6 +366,13 @@ def flag_bounds(state: _State, m: re.Match[str], line: str, n: int) -> None:
 
 
 _ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bERROR\b|\bCRITICAL\b")
+
+
+@handler
+def external_budget(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    # the message prints the engine's budget after the daemon's weights, not the weights: total x utilization - budget
+    total, utilization, engine = float(m.group(2)), float(m.group(3)), float(m.group(4))
+    state.put("external_weights_gib", round(max(0.0, total * utilization - engine), 2), line, n)
 
 
 # ---- declarations ---------------------------------------------------------------------------
@@ -713,6 +722,27 @@ FORMATS: tuple[LogFormat, ...] = (
         marks="startup", wrappable=True,
         versions="0.9.1-0.33.0 (V1; device name printed from 0.14.1)",
         source="vllm/v1/worker/gpu_worker.py init_device (0.9.1-0.13.0), vllm/v1/worker/utils.py request_memory (0.14.1+)"),
+    LogFormat(
+        "external_weights_exceed",
+        r"Externally held weights on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) exceed the desired GPU memory "
+        r"utilization \(([\d.]+), ([\d.]+) GiB\)",
+        literals=("Externally held weights",),
+        puts=(number(0, "external_weights_gib"), number(1, "total_gpu_gib"), number(2, "gpu_memory_utilization"),
+              number(3, "requested_gib"), flag("external_weights_exceed")),
+        marks="startup", wrappable=True,
+        versions="0.33.0 (`vllm preload`, --load-format ipc_cache)",
+        source="vllm/v1/worker/utils.py request_memory (vllm@v0.33.0:728-739)"),
+    LogFormat(
+        "free_check_external",
+        r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than the engine's budget after "
+        r"excluding external process's weights \(([\d.]+), ([\d.]+) GiB\)",
+        literals=("after excluding external process",),
+        puts=(number(0, "free_at_start_gib"), number(1, "total_gpu_gib"), number(2, "gpu_memory_utilization"),
+              flag("free_memory_check_failed")),
+        handler="external_budget", handler_yields=("external_weights_gib",),
+        marks="startup", wrappable=True,
+        versions="0.33.0 (`vllm preload`, --load-format ipc_cache)",
+        source="vllm/v1/worker/utils.py request_memory (vllm@v0.33.0:740-750)"),
     LogFormat(
         "graph_mem", r"Graph capturing finished in \d+ secs?(?:, took ([\d.]+) GiB)?",
         literals=("Graph capturing finished",),
