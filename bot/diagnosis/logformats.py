@@ -904,6 +904,21 @@ FORMATS: tuple[LogFormat, ...] = (
         versions="0.27.1-0.33.0 (' for <allocation>' from 0.29)",
         source="vllm/distributed/device_communicators/shm_broadcast.py"),
     LogFormat(
+        # Ray's raylet sizing its object store (plasma) in /dev/shm: FATAL in Ray <= 1.x, a WARNING that clamps
+        # the store in Ray 2.x; with vLLM's Ray executor (TP over Ray) it shows under '(raylet)' prefixes
+        "ray_plasma_shm",
+        r"System memory request exceeds memory available in (\S+?)\.? The request is for (\d+) bytes, and the amount "
+        r"available is (\d+) bytes",
+        literals=("System memory request exceeds memory available",),
+        puts=(flag("shm_error"), Put("shm_required_mib", (1,), mib_of_bytes, keep="max"),
+              Put("shm_free_mib", (2,), mib_of_bytes)),
+        wrappable=True,
+        versions="Ray 0.8-2.x (plasma store_main.cc, then src/ray/object_manager/plasma/store_runner.cc); vLLM's Ray "
+                 "executor 0.2-0.33",
+        source="ray src/ray/object_manager/plasma/store_runner.cc PlasmaStoreRunner (ARROW_LOG/RAY_LOG "
+               "'System memory request exceeds memory available in <dir>. The request is for N bytes, and the amount "
+               "available is M bytes. ...')"),
+    LogFormat(
         "bus_error", r"Bus error|SIGBUS|signal 7\b",
         literals=("Bus error", "SIGBUS", "signal 7"),
         puts=(flag("bus_error"),),
@@ -1039,7 +1054,7 @@ LINE_PREFIXES: tuple[LineShape, ...] = (
               versions="Ray 2.x (vLLM's Ray executor, 0.2-0.33)",
               source="Ray's log monitor: lines of its system processes, '(raylet)' / '(raylet, ip=10.0.0.2)'"),
     LineShape("ray_file",
-              r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [EWIDF] \d+ \d+\] \(?[\w.]+:\d+\)?:?\s*",
+              r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [EWIDF] \d+ \d+\] (?:\(\w+\) )?[\w.]+:\d+:?\s*",
               versions="Ray 2.x", source="Ray's C++ logs (raylet, store_runner.cc): '[2025-06-01 10:00:00,123 E 15 15] "
                                          "(raylet) store_runner.cc:48: ...' / 'store_runner.cc:48:'"),
     LineShape("vllm_logger",
