@@ -97,3 +97,19 @@ def test_cached_remainder_far_above_the_request_is_not_the_weights(tmp_path) -> 
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, vendor_pod(resource), vendor_node(resource, labels, 1))))
     assert result.cause == "allocator-fragmentation"
     assert not [c for c in result.changes if c.name == "--cpu-offload-gb"]
+
+
+@pytest.mark.parametrize("devices", [1, 4, 8])
+def test_tpu_hbm_exhausted_while_loading_fits_the_tpu_pod(tmp_path, devices) -> None:
+    resource, labels = VENDORS["tpu"]
+    log = ('  File "/usr/local/lib/python3.11/site-packages/vllm/v1/worker/tpu_model_runner.py", line 1210, in load_model\n'
+           + TPU_BUFFER + "\n")
+    bundle = write_bundle(tmp_path / "b", log, vendor_pod(resource, 1), vendor_node(resource, labels, devices))
+    result = diagnose(load_bundle(bundle))
+    assert result.cause == "weights-exceed-gpu"
+    for change in result.changes:
+        assert "nvidia" not in change.name and "CUDA" not in change.name
+        if change.kind == "resources":
+            assert change.name == f"limits.{resource}" and int(change.after or 0) <= devices
+        if change.name == "--tensor-parallel-size":
+            assert int(change.after or 0) <= devices
