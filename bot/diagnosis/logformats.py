@@ -365,7 +365,8 @@ def flag_bounds(state: _State, m: re.Match[str], line: str, n: int) -> None:
         state.put("vllm_error_bounds", found, line, n)
 
 
-_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bERROR\b|\bCRITICAL\b")
+# pydantic's ValidationError prints each refusal as 'Value error, <message>' (vLLM's config checks, 0.10+)
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bERROR\b|\bCRITICAL\b|\bValue error, ")
 
 
 @handler
@@ -668,7 +669,7 @@ FORMATS: tuple[LogFormat, ...] = (
         "flag_bound",
         r"(?i)\bto\s+(?:at most|at least|no more than|no less than)\s+\d|(?:increase|raise|lower|decrease|reduce)\s+"
         r"`?-{0,2}[a-z]+(?:[_-][a-z0-9]+)+`?\s+(?:from\s+[\d.]+\s+)?to\s+\d|estimated maximum model length is \d"
-        r"|\(\d+\) (?:is larger than|is greater than|exceeds|is smaller than|is less than)[^.]*\.\s*Please",
+        r"|\(\d+\) (?:is larger than|is greater than|exceeds|is smaller than|is less than).*?\bPlease",
         literals=("at most", "at least", "no more than", "no less than", " to 0.", "estimated maximum model length",
                   "Please increase", "Please lower", "Please reduce", "Please decrease", "increase ", "lower ",
                   "decrease ", "reduce "),

@@ -86,3 +86,13 @@ def test_bound_the_pod_already_keeps_changes_nothing() -> None:
            "model='m', max_seq_len=4096, max_num_seqs=64\n" + MAMBA.format(seqs=256, blocks=121) + "\n")
     result = _diagnose(log)
     assert result.changes == []
+
+
+def test_first_flag_vllm_names_is_the_proposal() -> None:
+    log = ("(APIServer pid=1) INFO 11-29 08:14:02 [entrypoints/utils.py:301] non-default args: {'model': 'm', "
+           "'max_model_len': 8192, 'max_num_batched_tokens': 1024, 'enable_chunked_prefill': False}\n"
+           "(APIServer pid=1) pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig\n"
+           "(APIServer pid=1)   Value error, " + BATCHED.format(mbt=1024, mml=8192)[len("ValueError: "):] + "\n")
+    result = _diagnose(log)
+    assert result.cause == "vllm-named-bound"
+    assert [(c.name, c.after) for c in result.changes] == [("--max-num-batched-tokens", "8192")]
