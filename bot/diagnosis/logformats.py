@@ -667,12 +667,13 @@ FORMATS: tuple[LogFormat, ...] = (
     LogFormat(
         # any sentence of vLLM's that names one of its flags with a number: the generic reader
         "flag_bound",
-        r"(?i)\bto\s+(?:at most|at least|no more than|no less than)\s+\d|(?:increase|raise|lower|decrease|reduce)\s+"
-        r"`?-{0,2}[a-z]+(?:[_-][a-z0-9]+)+`?\s+(?:from\s+[\d.]+\s+)?to\s+\d|estimated maximum model length is \d"
+        r"\bto (?:at most|at least|no more than|no less than) \d"
+        r"|(?:[Ii]ncrease|[Rr]aise|[Ll]ower|[Dd]ecrease|[Rr]educe) `?-{0,2}[a-z]+(?:[_-][a-z0-9]+)+`?\s+(?:from\s+[\d.]+\s+)?"
+        r"to\s+\d|estimated maximum model length is \d"
         r"|\(\d+\) (?:is larger than|is greater than|exceeds|is smaller than|is less than).*?\bPlease",
-        literals=("at most", "at least", "no more than", "no less than", " to 0.", "estimated maximum model length",
-                  "Please increase", "Please lower", "Please reduce", "Please decrease", "increase ", "lower ",
-                  "decrease ", "reduce "),
+        literals=("to at most", "to at least", "to no more than", "to no less than", "estimated maximum model length",
+                  "Please", "increase ", "Increase ", "raise ", "Raise ", "lower ", "Lower ", "decrease ", "Decrease ",
+                  "reduce ", "Reduce "),
         handler="flag_bounds", handler_yields=("vllm_bounds", "vllm_error_bounds"),
         versions="0.4.0-0.33.0: 'estimated maximum model length is N' 0.9.1-0.33.0; 'lower max_num_seqs to at most M' "
                  "0.17-0.33.0 (Mamba); 'increase --gpu-memory-utilization to %.4f' 0.22.0-0.33.0 (CUDA graph "
@@ -810,7 +811,7 @@ FORMATS: tuple[LogFormat, ...] = (
     LogFormat(
         "tpu_hbm_oom",
         r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm",
-        literals=("memory space hbm", " hbm. Exceeded"),
+        literals=(" hbm",),
         puts=(gib(2, 3, "oom_total_gib"), flag("oom")),
         versions="XLA TPU compiler (torch_xla 2.x, JAX): vLLM TPU 0.5-0.33; exact range unknown",
         source="XLA TPU 'RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
