@@ -27,6 +27,7 @@ class Vendor:
     not_shared: tuple[str, ...] = ()
     replicas_labels: tuple[str, ...] = ()
     products: tuple[tuple[str, float], ...] = field(default=())
+    alloc_env: str | None = None  # the allocator's configuration variable (expandable segments)
 
     def owns(self, resource: str) -> bool:
         return resource in self.resources or any(p.fullmatch(resource) for p in self.resource_patterns)
@@ -67,7 +68,8 @@ def _vendor(raw: dict[str, Any]) -> Vendor:
         memory_unit=str(raw.get("memory_unit") or "GiB-text"), count_labels=tuple(raw.get("count_labels") or ()),
         fp8=str(raw.get("fp8")), strategy_labels=tuple(sharing.get("strategy_labels") or ()),
         not_shared=tuple(str(v) for v in sharing.get("not_shared") or ()),
-        replicas_labels=tuple(sharing.get("replicas_labels") or ()), products=tuple(products))
+        replicas_labels=tuple(sharing.get("replicas_labels") or ()), products=tuple(products),
+        alloc_env=raw.get("alloc_env"))
 
 
 @cache

@@ -228,7 +228,14 @@ def utilization_for_free_memory(ctx: Context, *, margin_gib: float = 0.1) -> Com
     s = ctx.signals
     util, raw = current_utilization(ctx)
     total = s.get("gpu_total_gib")
-    if s.get("free_at_start_gib") is not None and total:
+    external = s.get("external_weights_gib") or 0.0  # 0.33 preload: a daemon's weights count in the budget
+    if s.get("free_at_start_gib") is not None and total and external:
+        free = s.get("free_at_start_gib")
+        new = math.floor((free - margin_gib + external) / total * 100) / 100
+        text = (f"{gib(free)} of {gib(total)} was free at start-up; the budget counts the {gib(external)} of weights "
+                f"the preload daemon holds, so the engine may ask for ({free} + {external} - {margin_gib} GiB margin) / "
+                f"{total} = {(free - margin_gib + external) / total:.4f}, rounded down to {fmt_util(new)}")
+    elif s.get("free_at_start_gib") is not None and total:
         free = s.get("free_at_start_gib")
         new = math.floor((free - margin_gib) / total * 100) / 100
         text = (f"{gib(free)} of {gib(total)} was free at start-up but utilization {util} asks for "
@@ -319,6 +326,28 @@ def utilization_raise_for_kv(ctx: Context, *, cap: float = 0.95) -> Computed | N
     else:
         return None
     return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=why + ".")
+
+
+@formula
+def utilization_above_external_weights(ctx: Context, *, headroom_fraction: float = 0.1, cap: float = 0.95) -> Computed | None:
+    """0.33 preload: total x utilization must hold the daemon's weights and leave the engine room (KV, activations)."""
+    s = ctx.signals
+    external, total = s.get("external_weights_gib"), s.get("gpu_total_gib")
+    if not external or not total:
+        return None
+    util, raw = current_utilization(ctx)
+    headroom = max(2.0, headroom_fraction * total)
+    new = math.ceil((external + headroom) / total * 100) / 100
+    if new > cap:
+        raise NoSafeChange(f"the preload daemon holds {gib(external)} of this {gib(total)} GPU; with {gib(headroom)} "
+                           f"for the engine's own KV cache and activations that is more than {fmt_util(cap)} of it, so no "
+                           f"--gpu-memory-utilization fits. Load a smaller or quantized model in the daemon, or shard it.")
+    if new <= util:
+        return None
+    return Computed(after=fmt_util(new), before=before_text(raw, util),
+                    arithmetic=f"the budget total x utilization counts the {gib(external)} the preload daemon holds; "
+                               f"({external} + {headroom:.2f} GiB for the engine) / {total} = "
+                               f"{(external + headroom) / total:.4f}, rounded up to {fmt_util(new)}.")
 
 
 @formula
@@ -554,9 +583,27 @@ def _device_limit(ctx: Context) -> tuple[str, str | None]:
     return resource, limits.get(resource)
 
 
+_CUDA_ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def alloc_env(ctx: Context) -> str | None:
+    """The caching allocator's variable on this pod's PyTorch build: the one PyTorch's own OOM hint
+    names when it is a device's (ROCm prints PYTORCH_HIP_ALLOC_CONF), else the pod's vendor's
+    (data/accelerators.yaml); None on a vendor whose allocator has no expandable segments."""
+    hinted = ctx.signals.get("alloc_conf_hint_name")
+    if hinted and hinted not in {_CUDA_ALLOC_ENV, "PYTORCH_ALLOC_CONF"}:
+        return str(hinted)
+    own, _ = accelerators.pod_device_resource(ctx.pod.container.limits if ctx.pod.container else {})
+    vendor = accelerators.vendor_of(own) if own else None
+    return vendor.alloc_env if vendor is not None else _CUDA_ALLOC_ENV
+
+
 def device_target(ctx: Context, kind: str, name: str) -> str:
     """A playbook's accelerator resource (limits.nvidia.com/gpu) as the pod's own: a pod asking
-    for amd.com/gpu, gpu.intel.com/xe or huawei.com/Ascend910 gets more of that, never NVIDIA's."""
+    for amd.com/gpu, gpu.intel.com/xe or huawei.com/Ascend910 gets more of that, never NVIDIA's;
+    the CUDA allocator's variable as the device's own (PYTORCH_HIP_ALLOC_CONF on ROCm)."""
+    if kind == "env" and name == _CUDA_ALLOC_ENV:
+        return alloc_env(ctx) or name
     section, _, resource = name.partition(".")
     if kind != "resources" or not accelerators.is_device_resource(resource):
         return name
@@ -883,7 +930,8 @@ def swap_space_off(ctx: Context) -> Computed | None:
 @formula
 def shm_size(ctx: Context) -> Computed | None:
     s = ctx.signals
-    if s.get("has_shm_volume") and not (s.get("shm_required_mib") and s.get("shm_free_mib") is not None):
+    if s.get("has_shm_volume") and not s.get("shm_volume_short") \
+            and not (s.get("shm_required_mib") and s.get("shm_free_mib") is not None):
         return None
     ranks = max(2, (s.get("world_size") or 1) * (s.get("data_parallel_size") or 1))
     need_gib = max(2, ranks)
@@ -892,16 +940,23 @@ def shm_size(ctx: Context) -> Computed | None:
         stated = s.get("shm_required_mib")
         need_gib = max(need_gib, math.ceil(stated * 4 / 1024))
         why += f"; the log asked for {stated:.0f} MiB, x4 headroom"
+    current = None
+    shm = ctx.pod.shm_volume or {}
+    if shm:
+        current = str((shm.get("emptyDir") or {}).get("sizeLimit") or "unbounded")
+        limit_now = parse_quantity(current) if current != "unbounded" else None
+        if limit_now and need_gib * 2**30 <= limit_now:
+            # the mounted limit already holds the estimate and still ran out: double it
+            need_gib = math.ceil(limit_now * 2 / 2**30)
+            why += f"; the mounted {current} ran out, so twice that"
     limit = s.get("memory_limit_bytes")
     if limit:
         cap = max(2, int(limit / 4 / 2**30))
         if need_gib > cap:
             need_gib = cap
             why += f"; capped at a quarter of the {limit / 2**30:.0f} GiB memory limit (memory-backed emptyDir counts against it)"
-    current = None
-    shm = ctx.pod.shm_volume or {}
-    if shm:
-        current = str((shm.get("emptyDir") or {}).get("sizeLimit") or "unbounded")
+    if current and (parse_quantity(current) or 0) >= need_gib * 2**30:
+        return None  # nothing larger fits the container's memory limit
     return Computed(after=f"{need_gib}Gi", before=current,
                     arithmetic=f"the container runtime gives /dev/shm 64 MiB by default; {why} = emptyDir medium Memory, sizeLimit {need_gib}Gi.")
 
@@ -947,10 +1002,11 @@ def startup_probe_for_load(ctx: Context) -> Computed | None:
 @formula
 def expandable_segments(ctx: Context) -> Computed | None:
     s = ctx.signals
-    if s.get("sleep_mode") or s.get("alloc_conf_set"):
-        return None
+    env = alloc_env(ctx)
+    if s.get("sleep_mode") or s.get("alloc_conf_set") or env is None:
+        return None  # (env None: this device's allocator has no expandable segments to turn on)
     container = ctx.pod.container
-    current = container.env.get("PYTORCH_CUDA_ALLOC_CONF") if container else None
+    current = container.env.get(env) if container else None
     new = f"{current},expandable_segments:True" if current else "expandable_segments:True"
     unalloc, tried = s.get("oom_reserved_unallocated_gib"), s.get("oom_tried_gib")
     text = "PyTorch's caching allocator had the memory but in pieces too small"
@@ -1002,4 +1058,4 @@ def constant(ctx: Context, *, value: str, reason: str) -> Computed | None:
 
 
 # Formulas kept in their own modules register themselves on import.
-from bot.diagnosis import flag_drift  # noqa: E402,F401  (drop_unrecognized_flags)
+from bot.diagnosis import flag_drift, named_bounds  # noqa: E402,F401  (drop_unrecognized_flags, bound_vllm_named)

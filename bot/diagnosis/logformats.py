@@ -68,6 +68,10 @@ def mib_of_bytes(text: str) -> float:
     return int(text) / 2**20
 
 
+def gib_of_bytes(text: str) -> float:
+    return int(text) / 2**30
+
+
 def int_of_either(first: str | None, second: str | None) -> int:
     return int(first or second)  # type: ignore[arg-type]
 
@@ -158,6 +162,12 @@ FACTS: dict[str, str] = {
     "sleep_freed_gib": "memory a sleep-mode instance freed when it fell asleep",
     "sleep_held_gib": "memory a sleeping instance still holds (it counts against a co-located pod's free memory)",
     "kv_pool_pinned": "--kv-cache-memory-bytes fixed the KV pool (profiling skipped, utilization not used for KV)",
+    "vllm_bounds": "bounds vLLM's own messages name for its flags: {'--max-num-seqs': {'at_most': 854}, ...}, in the "
+                   "order printed (see `flag_bounds`)",
+    "vllm_error_bounds": "the same, from error lines only (an exception or an ERROR line: the reason start-up stopped)",
+    "external_weights_gib": "0.33 `vllm preload`: weights a daemon holds on this GPU outside vLLM's process, counted in its budget",
+    "external_weights_exceed": "0.33: the externally held weights alone exceed total x --gpu-memory-utilization",
+    "mamba_blocks": "Mamba (SSM state) cache blocks, one per decode sequence, that vLLM could allocate",
     "alloc_conf_hint_name": "the allocator variable PyTorch's hint names (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF)",
     **{name: f"--{name[len('config_'):].replace('_', '-')} from the engine config line" for name in CONFIG_FACTS},
 }
@@ -235,6 +245,9 @@ def exception_line(state: _State, m: re.Match[str], line: str, n: int) -> None:
 FRAME_STAGES = {
     "capture_end": "graph_capture", "capture_model": "graph_capture", "_capture_cudagraphs": "graph_capture",
     "capture": "graph_capture", "capture_begin": "graph_capture", "_warmup_and_capture": "graph_capture",
+    # 0.19+ profiles CUDA-graph memory by capturing before KV sizing; 0.2x+ capture context
+    "profile_cudagraph_memory": "graph_capture", "_get_cudagraph_capture_context": "graph_capture",
+    "_init_minimal_kv_cache_for_profiling": "profiling",
     "_dummy_sampler_run": "warmup", "_dummy_pooler_run": "warmup",
     "profile_run": "profiling", "determine_num_available_blocks": "profiling",
     "profile_num_available_blocks": "profiling", "_dummy_run_for_profile": "profiling",
@@ -267,6 +280,100 @@ def frame_stage(state: _State, m: re.Match[str], line: str, n: int) -> None:
         stage = "weights"
     if stage:
         state.frame_stages.append(stage)
+
+
+# vLLM names its own flags in its messages ("lower max_num_seqs to at most 854", "increase
+# --gpu-memory-utilization to 0.8048", "max_num_batched_tokens (2048) is smaller than max_model_len
+# (4096). Please increase max_num_batched_tokens"). The grammar below reads any such sentence; a
+# word counts as a flag only when some vLLM release has it (data/vllm_flag_history.yaml), so a
+# config field that is not a flag ('max_tokens_per_mm_item') bounds nothing. Advice without a
+# number ("Try increasing gpu_memory_utilization") is not a bound: vLLM's direction-only hints are
+# sometimes wrong (the weights wrapper's "lower --gpu-memory-utilization"), its numbers are not.
+_FLAG_WORD = r"`?(--?[a-z][a-z0-9]*(?:[-_][a-z0-9]+)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)`?"
+_BOUND_NUM = r"(\d+(?:,\d{3})*(?:\.\d+)?)"
+_AT = re.compile(_FLAG_WORD + r"\s+to\s+(at most|no more than|at least|no less than)\s+" + _BOUND_NUM)
+_MOVE = re.compile(r"\b(increase|raise|lower|decrease|reduce|set)\s+" + _FLAG_WORD
+                   + r"\s+(?:from\s+[\d.,]+\s+)?to\s+" + _BOUND_NUM + r"(?![\w.]*\s*(?:GiB|MiB|%))", re.I)
+_ESTIMATE = re.compile(r"estimated maximum model length is " + _BOUND_NUM)
+_PAIR = re.compile(_FLAG_WORD + r" \(" + _BOUND_NUM + r"\) (is larger than|is greater than|exceeds|is smaller than|"
+                   r"is less than)\s+(?:the\s+|available\s+)?([\w` -]{1,60}?)\s*\(" + _BOUND_NUM + r"\)")
+_ADVICE = re.compile(r"\b(increas|rais|lower|decreas|reduc)(?:e|ing)\s+" + _FLAG_WORD, re.I)
+_DOWN = ("lower", "decreas", "reduc")
+
+
+def vllm_flag(word: str | None) -> str | None:
+    """'max_num_seqs', '`max_num_seqs`', '--max-num-seqs' -> '--max-num-seqs' when a vLLM release has it."""
+    from bot.diagnosis.vllm_versions import TABLE
+
+    if not word:
+        return None
+    name = "--" + word.strip("`").lstrip("-").replace("_", "-").strip()
+    return name if name in TABLE().flags else None
+
+
+def _number(text: str) -> float | int:
+    value = float(text.replace(",", ""))
+    return int(value) if value.is_integer() and "." not in text else value
+
+
+def _add_bound(bounds: dict[str, dict[str, Any]], word: str | None, kind: str, value: str) -> None:
+    flag = vllm_flag(word)
+    if flag is None:
+        return
+    entry = bounds.setdefault(flag, {})
+    number = _number(value)
+    if kind not in entry or (number < entry[kind] if kind == "at_most" else number > entry[kind]):
+        entry[kind] = number  # the tightest bound any message named
+
+
+def read_flag_bounds(message: str) -> dict[str, dict[str, Any]]:
+    """Every bound one message names for a vLLM flag (see the grammar above)."""
+    bounds: dict[str, dict[str, Any]] = {}
+    for word, how, value in _AT.findall(message):
+        _add_bound(bounds, word, "at_most" if how in {"at most", "no more than"} else "at_least", value)
+    for verb, word, value in _MOVE.findall(message):
+        if verb.lower() != "set":
+            _add_bound(bounds, word, "at_most" if verb.lower().startswith(_DOWN) else "at_least", value)
+    for value in _ESTIMATE.findall(message):
+        _add_bound(bounds, "max_model_len", "at_most", value)
+    advice = [(verb.lower(), vllm_flag(word)) for verb, word in _ADVICE.findall(message)]
+    for first, first_value, relation, second, second_value in _PAIR.findall(message):
+        larger = relation in {"is larger than", "is greater than", "exceeds"}
+        one, other = vllm_flag(first), vllm_flag(second.strip().rsplit(" ", 1)[-1])
+        for verb, flag in advice:
+            down = verb.startswith(_DOWN)
+            if flag is not None and flag == one and down == larger:  # shrink the larger / grow the smaller
+                _add_bound(bounds, flag, "at_most" if down else "at_least", second_value)
+            elif flag is not None and flag == other and down != larger:
+                _add_bound(bounds, flag, "at_least" if larger else "at_most", first_value)
+    return bounds
+
+
+@handler
+def flag_bounds(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    found = read_flag_bounds(m.string)
+    if not found:
+        return
+    old = state.facts.get("vllm_bounds")
+    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (old.value if old else {}).items()}
+    for flag, entry in found.items():
+        for kind, value in entry.items():
+            _add_bound(merged, flag, kind, str(value))
+    # the line kept is the first that named a bound: the error, not a later repetition
+    state.put("vllm_bounds", merged, old.line if old else line, old.line_no if old else n, keep="last")
+    if _ERROR_LINE.search(line):  # an INFO hint on a healthy start bounds nothing that failed
+        state.put("vllm_error_bounds", found, line, n)
+
+
+# pydantic's ValidationError prints each refusal as 'Value error, <message>' (vLLM's config checks, 0.10+)
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bERROR\b|\bCRITICAL\b|\bValue error, ")
+
+
+@handler
+def external_budget(state: _State, m: re.Match[str], line: str, n: int) -> None:
+    # the message prints the engine's budget after the daemon's weights, not the weights: total x utilization - budget
+    total, utilization, engine = float(m.group(2)), float(m.group(3)), float(m.group(4))
+    state.put("external_weights_gib", round(max(0.0, total * utilization - engine), 2), line, n)
 
 
 # ---- declarations ---------------------------------------------------------------------------
@@ -486,6 +593,16 @@ FORMATS: tuple[LogFormat, ...] = (
         marks="kv_sizing",
         versions="0.9.1-0.33.0 (V1)", source="vllm/v1/worker/gpu_worker.py determine_available_memory"),
     LogFormat(
+        # vllm-ascend's NPU worker logs bytes, unclamped in some releases (negative when nothing is left)
+        "ascend_available_kv", r"Available memory: (-?\d+), total memory: (\d+)",
+        literals=("Available memory: ",),
+        puts=(number(0, "available_kv_gib", gib_of_bytes, keep="min"), number(1, "total_gpu_gib", gib_of_bytes)),
+        marks="kv_sizing",
+        versions="vllm-ascend 0.7.3-0.11.x (worker_v1.py determine_available_memory; 'int(max(x, 0))' clamps it in "
+                 "some releases, not in others)",
+        source="vllm_ascend/worker/worker_v1.py NPUWorker.determine_available_memory "
+               "'Available memory: {available_kv_cache_memory}, total memory: {total_npu_memory}'"),
+    LogFormat(
         "kv_memory_bytes", r"reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes",
         literals=("kv_cache_memory_bytes",),
         puts=(number(0, "available_kv_gib", keep="min"), flag("kv_pool_pinned")),
@@ -538,6 +655,36 @@ FORMATS: tuple[LogFormat, ...] = (
         puts=(number(1, "autofit_len", int),),
         versions="0.14.1-0.33.0 (--max-model-len auto)", source=_V1_KV),
     LogFormat(
+        "mamba_blocks",
+        r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)",
+        literals=("Mamba cache blocks",),
+        puts=(number(1, "mamba_blocks", int, keep="min"),),
+        marks="kv_sizing", wrappable=True,
+        versions="0.17-0.33.0 (read in 0.33.0; raised with FULL decode CUDA graphs for hybrid/Mamba models, "
+                 "vllm-project/vllm#34094); ' Please lower max_num_seqs to at most M or increase "
+                 "gpu_memory_utilization.' follows (read by `flag_bound`)",
+        source="vllm/config/compilation.py resolve_cudagraph_mode_and_sizes (vllm@v0.33.0:1526-1532)"),
+    LogFormat(
+        # any sentence of vLLM's that names one of its flags with a number: the generic reader
+        "flag_bound",
+        r"\bto (?:at most|at least|no more than|no less than) \d"
+        r"|(?:[Ii]ncrease|[Rr]aise|[Ll]ower|[Dd]ecrease|[Rr]educe) `?-{0,2}[a-z]+(?:[_-][a-z0-9]+)+`?\s+(?:from\s+[\d.]+\s+)?"
+        r"to\s+\d|estimated maximum model length is \d"
+        r"|\(\d+\) (?:is larger than|is greater than|exceeds|is smaller than|is less than).*?\bPlease",
+        literals=("to at most", "to at least", "to no more than", "to no less than", "estimated maximum model length",
+                  "Please", "increase ", "Increase ", "raise ", "Raise ", "lower ", "Lower ", "decrease ", "Decrease ",
+                  "reduce ", "Reduce "),
+        handler="flag_bounds", handler_yields=("vllm_bounds", "vllm_error_bounds"),
+        versions="0.4.0-0.33.0: 'estimated maximum model length is N' 0.9.1-0.33.0; 'lower max_num_seqs to at most M' "
+                 "0.17-0.33.0 (Mamba); 'increase --gpu-memory-utilization to %.4f' 0.22.0-0.33.0 (CUDA graph "
+                 "profiling, gpu_worker.py); 'max_num_batched_tokens (N) is smaller than max_model_len (M). Please "
+                 "increase max_num_batched_tokens or decrease max_model_len.' 0.4-0.33.0 (config/scheduler.py); "
+                 "'... is larger than max_num_batched_tokens (M). Please increase max_num_batched_tokens.' "
+                 "(v1/core/encoder_cache_manager.py)",
+        source="the wording of vLLM's own messages, read in the 0.33.0 wheel: vllm/config/compilation.py, "
+               "vllm/config/scheduler.py, vllm/v1/core/kv_cache_planning.py, vllm/v1/worker/gpu_worker.py, "
+               "vllm/v1/core/encoder_cache_manager.py"),
+    LogFormat(
         "model_runner_v2", r"vllm/v1/worker/gpu/model_runner\.py",
         literals=("worker/gpu/model_runner.py",),
         puts=(flag("model_runner_v2"),),
@@ -578,6 +725,27 @@ FORMATS: tuple[LogFormat, ...] = (
         versions="0.9.1-0.33.0 (V1; device name printed from 0.14.1)",
         source="vllm/v1/worker/gpu_worker.py init_device (0.9.1-0.13.0), vllm/v1/worker/utils.py request_memory (0.14.1+)"),
     LogFormat(
+        "external_weights_exceed",
+        r"Externally held weights on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) exceed the desired GPU memory "
+        r"utilization \(([\d.]+), ([\d.]+) GiB\)",
+        literals=("Externally held weights",),
+        puts=(number(0, "external_weights_gib"), number(1, "total_gpu_gib"), number(2, "gpu_memory_utilization"),
+              number(3, "requested_gib"), flag("external_weights_exceed")),
+        marks="startup", wrappable=True,
+        versions="0.33.0 (`vllm preload`, --load-format ipc_cache)",
+        source="vllm/v1/worker/utils.py request_memory (vllm@v0.33.0:728-739)"),
+    LogFormat(
+        "free_check_external",
+        r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than the engine's budget after "
+        r"excluding external process's weights \(([\d.]+), ([\d.]+) GiB\)",
+        literals=("after excluding external process",),
+        puts=(number(0, "free_at_start_gib"), number(1, "total_gpu_gib"), number(2, "gpu_memory_utilization"),
+              flag("free_memory_check_failed")),
+        handler="external_budget", handler_yields=("external_weights_gib",),
+        marks="startup", wrappable=True,
+        versions="0.33.0 (`vllm preload`, --load-format ipc_cache)",
+        source="vllm/v1/worker/utils.py request_memory (vllm@v0.33.0:740-750)"),
+    LogFormat(
         "graph_mem", r"Graph capturing finished in \d+ secs?(?:, took ([\d.]+) GiB)?",
         literals=("Graph capturing finished",),
         puts=(flag("graph_capture_finished"), number(0, "graph_gib", keep="max")),
@@ -609,7 +777,8 @@ FORMATS: tuple[LogFormat, ...] = (
         source="vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run / _dummy_pooler_run"),
     LogFormat(
         "torch_oom_20",
-        r"Tried to allocate " + _SIZE + r" \(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
+        r"Tried to allocate " + _SIZE + r" \((?:GPU|NPU) (\d+); " + _SIZE + r" total capacity; " + _SIZE
+        + r" already allocated;(?: [\d.]+\s*[KMGT]i?B current active;)? "
         + _SIZE + r" free;(?: " + _SIZE + r" allowed;)? " + _SIZE + r" reserved in total by PyTorch\)",
         literals=("total capacity;",),
         puts=(gib(0, 1, "oom_tried_gib"), gib(3, 4, "oom_total_gib"), gib(5, 6, "oom_allocated_gib"),
@@ -617,7 +786,8 @@ FORMATS: tuple[LogFormat, ...] = (
               Put("oom_reserved_unallocated_gib", (11, 12, 5, 6), reserved_minus_allocated),
               flag("oom"), Put("torch_oom_format", value="2.0")),
         wrappable=True,
-        versions="torch <=2.0.1", source=_TORCH_OOM),
+        versions="torch <=2.0.1; torch_npu (Ascend) 2.1-2.8 keeps this layout with '(NPU 0; ...; X current active; ...)'",
+        source=_TORCH_OOM + "; torch_npu NPUCachingAllocator.cpp 'NPU out of memory. Tried to allocate'"),
     LogFormat(
         "torch_oom_21",
         r"Tried to allocate " + _SIZE + r"\. GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE
@@ -626,7 +796,26 @@ FORMATS: tuple[LogFormat, ...] = (
         puts=(gib(0, 1, "oom_tried_gib"), gib(3, 4, "oom_total_gib"), gib(5, 6, "oom_free_gib"),
               flag("oom"), Put("torch_oom_format", value="2.1+")),
         wrappable=True,
-        versions="torch 2.1.x-2.14.0 ('capacty' typo in 2.1.x)", source=_TORCH_OOM),
+        versions="torch 2.1.x-2.14.0 ('capacty' typo in 2.1.x); the same sentence after 'HIP out of memory' (ROCm "
+                 "builds, no per-process list) and 'XPU out of memory' (torch 2.5+)",
+        source=_TORCH_OOM + "; c10/xpu/XPUCachingAllocator.cpp"),
+    LogFormat(
+        "tpu_buffer_oom",
+        r"Attempting to allocate ([\d.]+)([KMGT])\.? That was not possible\. There are ([\d.]+)([KMGT]) free",
+        literals=("That was not possible",),
+        puts=(gib(0, 1, "oom_tried_gib"), gib(2, 3, "oom_free_gib"), flag("oom")),
+        wrappable=True,
+        versions="XLA/PJRT on TPU (torch_xla 2.x, JAX): vLLM TPU 0.5-0.33; exact range unknown",
+        source="XLA PJRT TPU client 'RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate %s. "
+               "That was not possible. There are %s free.'"),
+    LogFormat(
+        "tpu_hbm_oom",
+        r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm",
+        literals=(" hbm",),
+        puts=(gib(2, 3, "oom_total_gib"), flag("oom")),
+        versions="XLA TPU compiler (torch_xla 2.x, JAX): vLLM TPU 0.5-0.33; exact range unknown",
+        source="XLA TPU 'RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+               "Used %s of %s hbm. Exceeded hbm capacity by %s.'"),
     LogFormat(
         "torch_oom_alloc",
         r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch, (?:with " + _SIZE
@@ -648,12 +837,21 @@ FORMATS: tuple[LogFormat, ...] = (
     LogFormat(
         "oom_generic",
         r"CUDA out of memory|(?<!exceptions\.)OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
-        r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY",
-        literals=("out of memory", "OutOfMemory", "cudaErrorMemoryAllocation", "ALLOC_FAILED", "OUT_OF_MEMORY"),
+        r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY"
+        # the same allocator on other devices (hipify, c10/xpu, torch_npu), HIP's runtime error
+        r"|(?:HIP|XPU|NPU) out of memory|hipErrorOutOfMemory|HIP error: out of memory"
+        # TPU (XLA / PJRT): device buffers or a compiled program that exceed HBM
+        r"|RESOURCE_EXHAUSTED[^\n]{0,200}?(?:memory|allocat|hbm|HBM)|Ran out of memory in memory space hbm",
+        literals=("out of memory", "OutOfMemory", "cudaErrorMemoryAllocation", "ALLOC_FAILED", "OUT_OF_MEMORY",
+                  "hipErrorOutOfMemory", "RESOURCE_EXHAUSTED", "memory space hbm"),
         puts=(flag("oom"),),
         handler="cuda_driver_oom", handler_yields=("cuda_driver_oom",),
-        versions="torch 2.0.1-2.14.0 ('CUDA out of memory'); the CUDA driver and cuBLAS error names: unknown",
-        source=_TORCH_OOM + "; CUDA runtime / cuBLAS error names"),
+        versions="torch 2.0.1-2.14.0 ('CUDA out of memory'; 'HIP out of memory' on ROCm builds, 'XPU out of memory' "
+                 "torch 2.5+ XPU, 'NPU out of memory' torch_npu); XLA's RESOURCE_EXHAUSTED on TPU (vLLM TPU 0.5-0.33 "
+                 "via torch_xla or tpu-inference/JAX); the CUDA driver and cuBLAS error names: unknown",
+        source=_TORCH_OOM + "; c10/xpu/XPUCachingAllocator.cpp; torch_npu NPUCachingAllocator.cpp; XLA/PJRT "
+               "'RESOURCE_EXHAUSTED: Error allocating device buffer' and 'Ran out of memory in memory space hbm'; "
+               "CUDA runtime / cuBLAS error names"),
     LogFormat(
         "weights_wrapper", r"Failed to load model - not enough GPU memory",
         literals=("Failed to load model",),
@@ -707,6 +905,21 @@ FORMATS: tuple[LogFormat, ...] = (
         wrappable=True,
         versions="0.27.1-0.33.0 (' for <allocation>' from 0.29)",
         source="vllm/distributed/device_communicators/shm_broadcast.py"),
+    LogFormat(
+        # Ray's raylet sizing its object store (plasma) in /dev/shm: FATAL in Ray <= 1.x, a WARNING that clamps
+        # the store in Ray 2.x; with vLLM's Ray executor (TP over Ray) it shows under '(raylet)' prefixes
+        "ray_plasma_shm",
+        r"System memory request exceeds memory available in (\S+?)\.? The request is for (\d+) bytes, and the amount "
+        r"available is (\d+) bytes",
+        literals=("System memory request exceeds memory available",),
+        puts=(flag("shm_error"), Put("shm_required_mib", (1,), mib_of_bytes, keep="max"),
+              Put("shm_free_mib", (2,), mib_of_bytes)),
+        wrappable=True,
+        versions="Ray 0.8-2.x (plasma store_main.cc, then src/ray/object_manager/plasma/store_runner.cc); vLLM's Ray "
+                 "executor 0.2-0.33",
+        source="ray src/ray/object_manager/plasma/store_runner.cc PlasmaStoreRunner (ARROW_LOG/RAY_LOG "
+               "'System memory request exceeds memory available in <dir>. The request is for N bytes, and the amount "
+               "available is M bytes. ...')"),
     LogFormat(
         "bus_error", r"Bus error|SIGBUS|signal 7\b",
         literals=("Bus error", "SIGBUS", "signal 7"),
@@ -795,10 +1008,12 @@ FORMATS: tuple[LogFormat, ...] = (
         handler="frame_stage",
         versions="any", source="Python traceback frames (function names: FRAME_STAGES)"),
     LogFormat(
-        "alloc_conf_hint", r"(PYTORCH_(?:CUDA_)?ALLOC_CONF)=expandable_segments",
+        "alloc_conf_hint", r"(PYTORCH_(?:CUDA_|HIP_|NPU_|XPU_)?ALLOC_CONF)=expandable_segments",
         literals=("ALLOC_CONF=expandable",),
         puts=(number(0, "alloc_conf_hint_name", str, keep="last"),),
-        versions="torch 2.2.2-2.14.0 (the newest builds name PYTORCH_ALLOC_CONF)", source=_TORCH_OOM),
+        versions="torch 2.2.2-2.14.0 (the newest builds name PYTORCH_ALLOC_CONF; ROCm builds PYTORCH_HIP_ALLOC_CONF "
+                 "through hipify; torch_npu PYTORCH_NPU_ALLOC_CONF)",
+        source=_TORCH_OOM + " (hipified on ROCm); torch_npu NPUCachingAllocator.cpp"),
 )
 
 check_formats(FORMATS)
@@ -827,10 +1042,23 @@ LINE_PREFIXES: tuple[LineShape, ...] = (
     LineShape("docker_compose", r"[A-Za-z0-9][\w.-]{0,80}\s+\|\s",
               versions="any", source="docker compose logs ('service-1  | ')"),
     LineShape("process",
-              r"\((?:[A-Za-z_][\w.-]*)(?: [\w.-]+)? pid=\d+(?:, ip=[\w.:-]+)?\)\s*",
-              versions="0.4-0.33.0 ('(VllmWorkerProcess pid=N)' V0 multiproc, '(RayWorkerWrapper pid=N, ip=...)' Ray, "
-                       "'(EngineCore_DP0 pid=N)', '(VllmWorker TP0 pid=N)', '(APIServer pid=N)' V1)",
-              source="vllm/executor/multiproc_worker_utils.py, vllm/v1/executor/multiproc_executor.py, Ray's log prefix"),
+              # a process name, optional words ('rank=7', 'TP0'), pid, Ray's ip; Ray's names may hold ':'
+              r"\((?:[A-Za-z_][\w.:-]*(?: [\w.=-]+)*? )?pid=\d+(?:, ip=[\w.:-]+)?\)\s*",
+              versions="0.4-0.33.0 ('(VllmWorkerProcess pid=N)' V0 multiproc to 0.10; '(RayWorkerVllm pid=N)' Ray "
+                       "0.2-0.3, '(RayWorkerWrapper pid=N, ip=...)' 0.4-0.33; V1 '(VllmWorker rank=N pid=N)' 0.8-0.9, "
+                       "'(VllmWorker TP0 pid=N)', '(EngineCore_0 pid=N)' 0.8.5, '(EngineCore_DP0 pid=N)' 0.10-0.32, "
+                       "'(Worker_TP2 pid=N)' / '(Worker_PP1_TP3 pid=N)' 0.10-0.33, '(APIServer pid=N)'; 0.33 puts "
+                       "'(EngineCore pid=N)' in the log format, so its tracebacks carry no prefix at all)",
+              source="vllm/executor/multiproc_worker_utils.py, vllm/v1/executor/multiproc_executor.py, "
+                     "vllm/v1/engine/utils.py, Ray's log prefix '(<actor> pid=<pid>, ip=<ip>)'"),
+    LineShape("ray_system",
+              r"\((?:raylet|gcs_server|autoscaler|monitor|dashboard[\w.]*|log_monitor)(?:, ip=[\w.:-]+)?\)\s*",
+              versions="Ray 2.x (vLLM's Ray executor, 0.2-0.33)",
+              source="Ray's log monitor: lines of its system processes, '(raylet)' / '(raylet, ip=10.0.0.2)'"),
+    LineShape("ray_file",
+              r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [EWIDF] \d+ \d+\] (?:\(\w+\) )?[\w.]+:\d+:?\s*",
+              versions="Ray 2.x", source="Ray's C++ logs (raylet, store_runner.cc): '[2025-06-01 10:00:00,123 E 15 15] "
+                                         "(raylet) store_runner.cc:48: ...' / 'store_runner.cc:48:'"),
     LineShape("vllm_logger",
               r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./<>-]+(?::\d+)?\]\s*",
               versions="0.4-0.33.0 ('file.py:N]' to 0.6.x, '[file.py:N]' later)",

@@ -369,6 +369,8 @@ class Playbook(Strict):
                 kind == "resources" and _device_resource(name) and name.partition(".")[0] == change.name.partition(".")[0]
                 for kind, name in allowed):
             return True  # the pod's own accelerator resource in place of the declared one (amd.com/gpu)
+        if change.kind == "env" and change.name in _DEVICE_ALLOC_ENVS and ("env", "PYTORCH_CUDA_ALLOC_CONF") in allowed:
+            return True  # the device's own allocator variable in place of CUDA's (PYTORCH_HIP_ALLOC_CONF on ROCm)
         if change.kind == "flag" and change.after is not None:
             from bot.diagnosis.vllm_versions import TABLE
 
@@ -379,6 +381,9 @@ class Playbook(Strict):
                                             if c.kind == "flag"):
             return False
         return change.after is None or change.name in vllm_names().flags
+
+
+_DEVICE_ALLOC_ENVS = ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF", "PYTORCH_XPU_ALLOC_CONF")
 
 
 def _device_resource(name: str) -> bool:

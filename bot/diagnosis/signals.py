@@ -53,6 +53,10 @@ DERIVED = {
     "alloc_conf_set": "PYTORCH_(CUDA_)ALLOC_CONF already enables expandable_segments",
     "died_before_ready": "the log never reached 'ready'",
     "memory_limit_bytes": "the container's memory limit",
+    "fragmented_far": "reserved-but-unallocated memory at the OOM is at least twice the request (and 1 GiB) and below "
+                      "what PyTorch had allocated: the room was there, split",
+    "shm_volume_short": "the pod's memory-backed /dev/shm has a sizeLimit and the log says shared memory ran out",
+    "named_bound_flag": "the first vLLM flag an error message names with a bound ('lower max_num_seqs to at most 854')",
 }
 
 SIGNALS = LOG_FACTS | set(DERIVED)
@@ -121,6 +125,9 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     _memory_at_oom(s, facts)
     _kv_capacity(s, facts, cmd)
     _weights_estimate(s, facts, cmd)
+    bounds = facts.get("vllm_error_bounds") or {}
+    if bounds:
+        s.set("named_bound_flag", next(iter(bounds)), facts.line_of("vllm_error_bounds"))
     _pod(s, pod)
     _events(s, pod)
     fatal = [e for e in facts.errors if e.value not in BENIGN_ERRORS]
@@ -207,6 +214,12 @@ def _memory_at_oom(s: Signals, facts: LogFacts) -> None:
         s.set("other_processes_gib", round(_others_at_oom(facts), 2), facts.line_of("oom_tried_gib"))
         unalloc = facts.get("oom_reserved_unallocated_gib") or 0.0
         s.set("fragmented", unalloc >= tried and unalloc >= max(0.5, 0.02 * o_total), facts.line_of("oom_tried_gib"))
+        # far more cached than asked, beside memory really in use (online fp8 quantization frees the bf16 copies
+        # in pieces): the room was there, split. A cache larger than all that is in use is no split but a
+        # loader holding what it should not (a software problem, see levers.software_problem).
+        allocated = facts.get("oom_allocated_gib") or 0.0
+        s.set("fragmented_far", bool(s.get("fragmented")) and unalloc >= max(1.0, 2 * tried) and unalloc < allocated,
+              facts.line_of("oom_tried_gib"))
         # one allocation of many GiB at start-up is a dummy batch's activations, not a weight or a KV block
         s.set("large_single_allocation", tried >= max(2.0, 0.08 * o_total), facts.line_of("oom_tried_gib"))
     s.set("oom_any", bool(facts.get("oom") or facts.get("cuda_driver_oom")))
@@ -285,11 +298,19 @@ def _pod(s: Signals, pod: PodView) -> None:
     s.set("has_liveness_probe", container.has_liveness_probe)
     limit = parse_quantity(container.limits.get("memory")) if container.limits.get("memory") else None
     s.set("memory_limit_bytes", limit)
-    conf = container.env.get("PYTORCH_CUDA_ALLOC_CONF", "") + container.env.get("PYTORCH_ALLOC_CONF", "")
+    # any device's allocator variable (CUDA, HIP, NPU, the generic one)
+    conf = ",".join(v for k, v in container.env.items() if k.startswith("PYTORCH_") and k.endswith("ALLOC_CONF"))
     s.set("alloc_conf_set", "expandable_segments:true" in conf.lower())
     shm = pod.shm_volume or {}
     mem_backed = (shm.get("emptyDir") or {}).get("medium") == "Memory" or bool(shm.get("hostPath"))
     s.set("has_shm_volume", bool(mem_backed or pod.host_ipc))
+    # a memory-backed /dev/shm with a sizeLimit that the log says ran out (vLLM's pre-check, a failed
+    # segment, SIGBUS): mounted, but too small; hostIPC or an unbounded emptyDir cannot be "too small"
+    size_limit = (shm.get("emptyDir") or {}).get("sizeLimit") if mem_backed and not pod.host_ipc else None
+    required, free = s.get("shm_required_mib"), s.get("shm_free_mib")
+    short = (required is not None and free is not None and free < required) or bool(s.get("shm_error")) \
+        or (bool(s.get("bus_error")) and bool(s.get("multi_process")))
+    s.set("shm_volume_short", bool(size_limit) and short)
 
 
 def _events(s: Signals, pod: PodView) -> None:
