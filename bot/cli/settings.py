@@ -37,6 +37,7 @@ ENV_VARS: dict[str, str] = {
     "approver_scopes": "VLLM_ONCALL_APPROVER_SCOPES",
     "why_scope": "VLLM_ONCALL_WHY_SCOPE",
     "alert_token": "VLLM_ONCALL_ALERT_TOKEN",
+    "alerts_unauthenticated": "VLLM_ONCALL_ALERTS_UNAUTHENTICATED",
     "alertnames": "VLLM_ONCALL_ALERTNAMES",
     "proposal_ttl_seconds": "VLLM_ONCALL_PROPOSAL_TTL_SECONDS",
     "verify_timeout_seconds": "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS",
@@ -148,6 +149,9 @@ class HttpSettings(Group):
     workers: int = Field(default=16, ge=1, le=64)
     queue_size: int = Field(default=100, ge=1)
     alert_token: str | None = None
+    # /alerts without a bearer token only when the operator says so: the endpoint can ask for a
+    # diagnosis and post to the channel, so an unset token must be a choice, not an omission.
+    alerts_unauthenticated: bool = False
     alertnames: list[str] = Field(default_factory=lambda: ["KubePodCrashLooping"])
 
     @field_validator("alertnames")
@@ -165,6 +169,20 @@ class HttpSettings(Group):
         if not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8080")
         return v
+
+    def alert_auth_refusal(self) -> str | None:
+        """Why `serve` must not start with these alert settings (one line), or None."""
+        if self.alert_token or self.alerts_unauthenticated:
+            return None
+        return (f"{ENV_VARS['alert_token']} is not set: set it to the bearer token Alertmanager sends, or set "
+                f"{ENV_VARS['alerts_unauthenticated']}=true if only trusted senders can reach /alerts")
+
+    def alert_auth_warning(self) -> str | None:
+        """The loud start-up line of an install that accepts unauthenticated alerts, or None."""
+        if self.alert_token or not self.alerts_unauthenticated:
+            return None
+        return (f"/alerts accepts alerts WITHOUT a bearer token ({ENV_VARS['alerts_unauthenticated']}=true): "
+                "anyone who can reach it can open incidents and post to the channel")
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -206,6 +206,11 @@ def build(settings: Settings) -> Wiring:
     """Wire the real pieces from settings. One OncallService per cluster served
     (VLLM_ONCALL_CLUSTERS, else the one cluster), sharing the chat, the policy, the metrics,
     the diagnoser and the work queue, behind one ClusterRouter."""
+    refusal = settings.http.alert_auth_refusal()
+    if refusal:  # before anything listens: an open /alerts must be the operator's explicit choice
+        raise CheckFailed(refusal)
+    if settings.http.alert_auth_warning():
+        log.warning("%s", settings.http.alert_auth_warning())
     metrics = Metrics()
     metrics.build_info.labels(version()).set(1)
     # One redactor (the built-in rules + VLLM_ONCALL_REDACT_PATTERNS) for every adapter whose text
@@ -373,6 +378,9 @@ def check_dependencies(settings: Settings, offline: bool = False) -> str:
     """What `serve --check` checks past the settings: the playbooks load (bundled plus extra folders),
     the cluster answers the calls the bot makes first and, unless `offline`, Slack accepts the
     token, its scopes and the bot's membership of the channel (bot.slack.preflight)."""
+    refusal = settings.http.alert_auth_refusal()
+    if refusal:
+        raise CheckFailed(refusal)
     books = load_books(settings.playbooks)
     lines = [f"playbooks OK: {len(books or load_dir())} "
              f"({', '.join(str(p) for p in settings.playbooks) or 'bundled only'})"]

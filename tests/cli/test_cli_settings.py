@@ -15,7 +15,8 @@ from bot.cli.settings import SettingsError, load_settings
 from bot.diagnosis.playbooks import DEFAULT_DIR
 
 GOOD = {"VLLM_ONCALL_CLUSTER": "prod-eu", "SLACK_BOT_TOKEN": "xoxb-1-2-abc", "SLACK_SIGNING_SECRET": "s",
-        "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0AAA, U0BBB"}
+        "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0AAA, U0BBB",
+        "VLLM_ONCALL_ALERT_TOKEN": "alert-tok"}
 
 
 def test_good_environment():
