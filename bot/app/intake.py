@@ -230,7 +230,10 @@ class Intake:
             return None
         if not incident.message_id:
             return self.poster.ensure_posted(name, known=incident)  # a post that failed earlier: try again now
-        self.messages.refresh(incident)
+        if reopened:  # a state change: shown at once
+            self.messages.refresh(incident)
+        else:
+            self.messages.refresh_folded(name, lambda: self.store.get(name))
         if reopened:
             self.messages.reply(incident, None, Note(kind=NoteKind.CRASHING_AGAIN, pod=pod))
         return incident

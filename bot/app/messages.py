@@ -5,6 +5,8 @@ incident in the store is the truth, the message only shows it."""
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 from bot.app.metrics import Metrics
 from bot.app.ports import ChatPort, ChatUnavailable
@@ -31,6 +33,35 @@ def reported(incident: Incident) -> Incident | None:
 class Messages:
     def __init__(self, chat: ChatPort, metrics: Metrics):
         self.chat, self.metrics = chat, metrics
+        # Repeats fold into one pending update per incident (refresh_folded).
+        self._fold = threading.Lock()
+        self._pending: dict[str, Callable[[], Incident | None]] = {}
+        self._flushing = False
+
+    def refresh_folded(self, name: str, load: Callable[[], Incident | None]) -> None:
+        """Show a repeat's counters: at most one pending update per incident, rendered from the
+        incident as it is when its turn comes. The first caller sends the pending updates until
+        none are left; a repeat arriving meanwhile only joins the pending set (or is already in
+        it) and returns, so a storm of repeats costs one chat.update per incident per turn, not
+        one per alert (Slack allows about 50 updates a minute, bot.app.pacing)."""
+        with self._fold:
+            self._pending[name] = load
+            if self._flushing:
+                return
+            self._flushing = True
+        while True:
+            with self._fold:
+                if not self._pending:
+                    self._flushing = False
+                    return
+                name = next(iter(self._pending))
+                load = self._pending.pop(name)
+            try:
+                incident = load()
+                if incident is not None and incident.message_id:
+                    self.refresh(incident)
+            except Exception:  # one incident's failure must not leave the others pending for ever
+                log.exception("updating the message of %s failed", name)
 
     def refresh(self, incident: Incident, clicked: MessageRef | None = None) -> None:
         """Re-render the incident's message, and the clicked copy if it is a different one."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -36,6 +37,7 @@ from slack_sdk.errors import SlackApiError
 from bot.app.commentary import Commentary
 from bot.app.links import LinkKind, LinkTemplates
 from bot.app.metrics import Metrics
+from bot.app.pacing import Pacer
 from bot.app.policy import Policy
 from bot.app.ports import ClusterPort, IncidentStore, PodNotFound
 from bot.app.rehearsal import TEST_CLUSTER
@@ -202,7 +204,28 @@ class Parts:
                            soak_seconds=s.verify.soak_seconds)
 
 
-def build(settings: Settings) -> Wiring:
+@dataclass(frozen=True)
+class ChatClock:
+    """The clock the chat's pacing and retries wait on: the real one, or a test's virtual clock
+    shared with the Slack stand-in (so a 300-crash storm is paced without waiting 10 minutes)."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def paced_chat(settings: Settings, slack: WebClient, metrics: Metrics, redactor: Redactor,
+               clock: ChatClock | None = None) -> SlackChat:
+    """The chat `serve` posts through: paced to Slack's posting rate (bot.app.pacing), its
+    retries honouring Retry-After, a post's retries ending inside its post lease (Settings
+    checked the timeout leaves room)."""
+    clock = clock or ChatClock()
+    return SlackChat(slack, settings.slack.channel, metrics, max_attempts=settings.slack.max_attempts,
+                     max_retry_after_seconds=settings.slack.max_retry_after_seconds, redactor=redactor,
+                     post_budget_seconds=post_budget(settings.post_lease_seconds), clock=clock.now,
+                     sleep=clock.sleep, pacer=Pacer(clock=clock.now, sleep=clock.sleep))
+
+
+def build(settings: Settings, clock: ChatClock | None = None) -> Wiring:
     """Wire the real pieces from settings. One OncallService per cluster served
     (VLLM_ONCALL_CLUSTERS, else the one cluster), sharing the chat, the policy, the metrics,
     the diagnoser and the work queue, behind one ClusterRouter."""
@@ -220,10 +243,7 @@ def build(settings: Settings) -> Wiring:
     diagnose = diagnoser(books)
     policy = policy_of(settings, redactor)
     slack = make_client(settings.slack.bot_token, settings.slack.api_url, timeout=settings.slack.timeout_seconds)
-    # A post's retries end inside its post lease (Settings checked the timeout leaves room).
-    chat = SlackChat(slack, settings.slack.channel, metrics, max_attempts=settings.slack.max_attempts,
-                     max_retry_after_seconds=settings.slack.max_retry_after_seconds, redactor=redactor,
-                     post_budget_seconds=post_budget(settings.post_lease_seconds))
+    chat = paced_chat(settings, slack, metrics, redactor, clock)
     commentary = _commentary(settings, metrics, redactor)
     parts = Parts(settings, books, diagnose, metrics, redactor)
     clusters = []
@@ -315,8 +335,8 @@ def post_test_incident(settings: Settings, channel: str, books: list[Playbook] |
                   "that it is a test and change nothing")
 
 
-def build_server(settings: Settings) -> tuple[BotServer, SocketModeHandler | None]:
-    wiring = build(settings)
+def build_server(settings: Settings, clock: ChatClock | None = None) -> tuple[BotServer, SocketModeHandler | None]:
+    wiring = build(settings, clock)
     return wiring.server, wiring.socket_handler
 
 
