@@ -170,7 +170,7 @@ class Intake:
         new = self.poster.new_post(name)
         incident = self._new_incident(name, target, evidence, diagnosis, workload, channel, new)
         try:
-            created = self.store.create(incident)
+            created = self.cas.create(incident)
         except IncidentExists:
             return None  # another alert or replica got there first: fold this one into it
         self.metrics.diagnoses.labels(diagnosis.cause or "unknown").inc()

@@ -31,8 +31,10 @@ def reported(incident: Incident) -> Incident | None:
 
 
 class Messages:
-    def __init__(self, chat: ChatPort, metrics: Metrics):
+    def __init__(self, chat: ChatPort, metrics: Metrics, intact: Callable[[Incident], bool] | None = None):
         self.chat, self.metrics = chat, metrics
+        # Whether an incident's text is the bot's own (bot.app.seal); an edited copy is not shown.
+        self.intact = intact or (lambda incident: True)
         # Repeats fold into one pending update per incident (refresh_folded).
         self._fold = threading.Lock()
         self._pending: dict[str, Callable[[], Incident | None]] = {}
@@ -65,6 +67,8 @@ class Messages:
 
     def refresh(self, incident: Incident, clicked: MessageRef | None = None) -> None:
         """Re-render the incident's message, and the clicked copy if it is a different one."""
+        if not self.shown_as_sealed(incident):
+            return
         own = incident.message_ref()
         targets = [own] if own is not None else []
         # Every copy shows the current record, so no visible button carries a replaced digest (a
@@ -77,6 +81,16 @@ class Messages:
                 self.chat.update_incident(incident, message)
             except ChatUnavailable as exc:
                 log.warning("could not update the message of %s: %s", incident.name, exc)
+
+    def shown_as_sealed(self, incident: Incident) -> bool:
+        """False (logged, counted) when the incident's text is not what the bot wrote: someone
+        edited the incident object. Its messages then keep what they showed."""
+        if self.intact(incident):
+            return True
+        log.error("incident %s: its text is not what the bot wrote (the incident object was edited); "
+                  "not rendering it", incident.name)
+        self.metrics.refused_renders.inc()
+        return False
 
     def reply(self, incident: Incident, clicked: MessageRef | None, note: Note) -> None:
         """Reply in the thread of the clicked message, else of the incident's message."""

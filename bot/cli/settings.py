@@ -60,6 +60,7 @@ ENV_VARS: dict[str, str] = {
     "mode": "VLLM_ONCALL_MODE",
     "playbooks": "VLLM_ONCALL_PLAYBOOKS",
     "redact_patterns": "VLLM_ONCALL_REDACT_PATTERNS",
+    "seal_key": "VLLM_ONCALL_SEAL_KEY",
     "watch": "VLLM_ONCALL_WATCH",
     "watch_namespaces": "VLLM_ONCALL_WATCH_NAMESPACES",
     "watch_label_selector": "VLLM_ONCALL_WATCH_LABEL_SELECTOR",
@@ -305,6 +306,8 @@ class Settings(BaseModel):
     # expressions; the match (or its group named `secret`) becomes ***. In the environment: one per
     # line, or a JSON list (a comma may be part of a pattern, so commas do not separate them).
     redact_patterns: list[str] = Field(default_factory=list)
+    # The key sealing the bot's own incident text (bot/app/seal.py); unset: derived from the bot token.
+    seal_key: str | None = None
     # Links in an incident's details: URL templates with {namespace}, {workload}, {pod}, {cluster}
     # (URL-encoded). One template for every cluster, or per cluster: a JSON object / a YAML
     # mapping of cluster name (or "*" for the rest) to template.

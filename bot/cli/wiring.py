@@ -43,6 +43,7 @@ from bot.app.ports import ClusterPort, IncidentStore, PodNotFound
 from bot.app.rehearsal import TEST_CLUSTER
 from bot.app.rollout import VerifySteps
 from bot.app.router import ClusterRouter
+from bot.app.seal import derived_key
 from bot.app.service import OncallService
 from bot.app.work import InlineExecutor, WorkQueue
 from bot.cli.access import api_client, check_reachable
@@ -106,7 +107,8 @@ def policy_of(settings: Settings, redactor: Redactor) -> Policy:
                   apply_grace=timedelta(seconds=settings.apply_grace_seconds),
                   patch_seconds=patch_seconds(settings) if settings.cluster_source == "kube" else None,
                   links=LinkTemplates({LinkKind.RUNBOOK: settings.runbook_url,
-                                       LinkKind.DASHBOARD: settings.dashboard_url}))
+                                       LinkKind.DASHBOARD: settings.dashboard_url}),
+                  seal_key=derived_key(settings.seal_key or settings.slack.bot_token))
 
 
 def kubeconfig_of(settings: Settings) -> str | None:

@@ -129,3 +129,68 @@ def test_an_edit_after_the_proposal_fails_its_test_op_and_nothing_is_patched(bot
                and bool(slack.replies() or slack.delivered("chat.postEphemeral")), 30, "the answer to the click")
     bot.executor.wait_idle(30)
     assert live_args(kube_api, "vllm-moved") == later
+
+
+# ---- the bot's own text wins over incident text ---------------------------------------------
+
+FORGED = "All clear: approved by the platform lead, click Approve"
+
+
+def edit_record(kube_api, workload: str, edit) -> None:
+    obj = incident_object(kube_api, workload)
+    doc = json.loads(obj["spec"]["record"])
+    edit(doc)
+    obj["spec"]["record"] = json.dumps(doc)
+    kube_api.put(obj)
+
+
+def forge(doc: dict) -> None:
+    doc["diagnosis"]["title"] = FORGED
+    doc["diagnosis"]["evidence"] = [FORGED]
+    doc["proposal"]["title"] = FORGED
+    doc["workload"] = "team-b-victim"
+
+
+def test_an_unedited_incident_is_still_updated_by_a_repeat(bot, kube_api, slack):
+    pod = deploy(kube_api, "vllm-plain")
+    send_alert(bot, pod)
+    wait_until(lambda: len(slack.posts()) == 1, 30, "the incident message")
+    bot.executor.wait_idle(30)
+    send_alert(bot, pod)
+    wait_until(lambda: any("2 alert(s)" in json.dumps(c.params) for c in slack.delivered("chat.update")), 30,
+               "the repeat shown")
+    assert bot.metrics.refused_renders._value.get() == 0
+
+
+def test_an_edited_incident_is_never_rendered_as_the_bots_message(bot, kube_api, slack):
+    pod = deploy(kube_api, "vllm-edited")
+    send_alert(bot, pod)
+    wait_until(lambda: len(slack.posts()) == 1, 30, "the incident message")
+    bot.executor.wait_idle(30)
+    original = json.dumps(slack.posts()[0].params["blocks"], ensure_ascii=False)
+    dialog = confirm_of(slack.posts()[0].params)
+    edit_record(kube_api, "vllm-edited", forge)
+
+    send_alert(bot, pod)  # a repeat would re-render the message from the incident object
+    wait_until(lambda: bot.metrics.refused_renders._value.get() >= 1, 30, "the edited copy refused")
+    bot.executor.wait_idle(30)
+    everything = "\n".join(json.dumps(c.params, ensure_ascii=False) for c in slack.calls)
+    assert FORGED not in everything and "team-b-victim" not in everything
+    assert not slack.delivered("chat.update")  # the message keeps what the bot wrote
+    assert json.dumps(slack.channel_messages("C0ALERTS")[0]["blocks"], ensure_ascii=False) == original
+    assert confirm_of({"blocks": slack.channel_messages("C0ALERTS")[0]["blocks"]}) == dialog
+
+
+def test_a_forged_seal_does_not_help(bot, kube_api, slack):
+    """Copying a seal from another incident, or writing one without the key, is still refused."""
+    pods = [deploy(kube_api, "vllm-one"), deploy(kube_api, "vllm-two")]
+    for pod in pods:
+        send_alert(bot, pod)
+    wait_until(lambda: len(slack.posts()) == 2, 60, "both messages")
+    bot.executor.wait_idle(30)
+    other_seal = record(kube_api, "vllm-two")["text_seal"]
+    edit_record(kube_api, "vllm-one", lambda doc: (forge(doc), doc.update(text_seal=other_seal)))
+    send_alert(bot, pods[0])
+    wait_until(lambda: bot.metrics.refused_renders._value.get() >= 1, 30, "the edited copy refused")
+    bot.executor.wait_idle(30)
+    assert FORGED not in "\n".join(json.dumps(c.params, ensure_ascii=False) for c in slack.calls)
