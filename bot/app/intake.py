@@ -233,7 +233,7 @@ class Intake:
         if reopened:  # a state change: shown at once
             self.messages.refresh(incident)
         else:
-            self.messages.refresh_folded(name, lambda: self.store.get(name))
+            self.messages.refresh_folded(name, lambda: self.store.get(name), incident)
         if reopened:
             self.messages.reply(incident, None, Note(kind=NoteKind.CRASHING_AGAIN, pod=pod))
         return incident

@@ -37,17 +37,20 @@ class Messages:
         self.intact = intact or (lambda incident: True)
         # Repeats fold into one pending update per incident (refresh_folded).
         self._fold = threading.Lock()
-        self._pending: dict[str, Callable[[], Incident | None]] = {}
+        self._pending: dict[str, tuple[Callable[[], Incident | None], Incident]] = {}
         self._flushing = False
 
-    def refresh_folded(self, name: str, load: Callable[[], Incident | None]) -> None:
+    def refresh_folded(self, name: str, load: Callable[[], Incident | None], known: Incident) -> None:
         """Show a repeat's counters: at most one pending update per incident, rendered from the
         incident as it is when its turn comes. The first caller sends the pending updates until
         none are left; a repeat arriving meanwhile only joins the pending set (or is already in
         it) and returns, so a storm of repeats costs one chat.update per incident per turn, not
-        one per alert (Slack allows about 50 updates a minute, bot.app.pacing)."""
+        one per alert (Slack allows about 50 updates a minute, bot.app.pacing). `known`: the
+        incident as the caller just wrote it, shown as is when no other repeat folded into it
+        (no extra read, as before folding)."""
+        mine = (load, known)
         with self._fold:
-            self._pending[name] = load
+            self._pending[name] = mine
             if self._flushing:
                 return
             self._flushing = True
@@ -57,9 +60,9 @@ class Messages:
                     self._flushing = False
                     return
                 name = next(iter(self._pending))
-                load = self._pending.pop(name)
+                entry = self._pending.pop(name)
             try:
-                incident = load()
+                incident = entry[1] if entry is mine else entry[0]()
                 if incident is not None and incident.message_id:
                     self.refresh(incident)
             except Exception:  # one incident's failure must not leave the others pending for ever

@@ -16,6 +16,7 @@ import dataclasses
 import http.client
 import logging
 import socket
+import threading
 import time
 import urllib.error
 from collections.abc import Callable
@@ -228,7 +229,11 @@ class SlackChat:
                          max_wait=self.post_wait, channel=channel or self.default_channel,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
         ref = MessageRef(channel=resp["channel"], message_id=resp["ts"])
-        self.post_details(incident, ref)
+        if self.pacer is None:
+            self.post_details(incident, ref)
+        else:  # its turn comes a second later: the message's id is recorded meanwhile, not after it
+            threading.Thread(target=self.post_details, args=(incident, ref), daemon=True,
+                             name="slack-details").start()
         return ref
 
     def post_details(self, incident: Incident, message: MessageRef) -> None:

@@ -194,3 +194,18 @@ def test_a_forged_seal_does_not_help(bot, kube_api, slack):
     wait_until(lambda: bot.metrics.refused_renders._value.get() >= 1, 30, "the edited copy refused")
     bot.executor.wait_idle(30)
     assert FORGED not in "\n".join(json.dumps(c.params, ensure_ascii=False) for c in slack.calls)
+
+
+def test_vllm_why_never_copies_an_edited_incident_into_a_channel(bot, kube_api, slack):
+    from slackapi.requests import command_body
+
+    pod = deploy(kube_api, "vllm-asked")
+    send_alert(bot, pod)
+    wait_until(lambda: len(slack.posts()) == 1, 30, "the incident message")
+    bot.executor.wait_idle(30)
+    edit_record(kube_api, "vllm-asked", forge)
+    signed(bot, command_body(f"why {NS}/vllm-asked", "U0STRANGER"))  # shown as is: a copy of its message
+    wait_until(lambda: bot.metrics.refused_renders._value.get() >= 1, 30, "the edited copy refused")
+    bot.executor.wait_idle(30)
+    assert len(slack.posts()) == 1
+    assert FORGED not in "\n".join(json.dumps(c.params, ensure_ascii=False) for c in slack.calls)
