@@ -38,8 +38,15 @@ def moved(incident: Incident, to: IncidentState, now: datetime, note: str, **fie
 
 
 class IncidentCas:
-    def __init__(self, store: IncidentStore, clock: Callable[[], datetime]):
+    def __init__(self, store: IncidentStore, clock: Callable[[], datetime],
+                 sealed: Callable[[Incident | None, Incident], Incident] | None = None):
         self.store, self.clock = store, clock
+        # (before, after) -> after as written: seals the bot's own text (bot.app.seal.Sealer.after_write)
+        self.sealed = sealed or (lambda before, after: after)
+
+    def create(self, incident: Incident) -> Incident:
+        """Store a new incident (its text, the bot's own, sealed). Raises IncidentExists."""
+        return self.store.create(self.sealed(None, incident))
 
     def mutate(self, name: str, change: Callable[[Incident], Incident | None]) -> Incident | None:
         """Read-modify-write with compare-and-swap; `change` returning None means: leave it.
@@ -52,7 +59,7 @@ class IncidentCas:
             if updated is None:
                 return incident
             try:
-                return self.store.update(updated)
+                return self.store.update(self.sealed(incident, updated))
             except IncidentConflict:
                 continue
         raise IncidentConflict(f"{name}: gave up after {ATTEMPTS} lost races")

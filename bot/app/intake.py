@@ -170,7 +170,7 @@ class Intake:
         new = self.poster.new_post(name)
         incident = self._new_incident(name, target, evidence, diagnosis, workload, channel, new)
         try:
-            created = self.store.create(incident)
+            created = self.cas.create(incident)
         except IncidentExists:
             return None  # another alert or replica got there first: fold this one into it
         self.metrics.diagnoses.labels(diagnosis.cause or "unknown").inc()
@@ -230,7 +230,10 @@ class Intake:
             return None
         if not incident.message_id:
             return self.poster.ensure_posted(name, known=incident)  # a post that failed earlier: try again now
-        self.messages.refresh(incident)
+        if reopened:  # a state change: shown at once
+            self.messages.refresh(incident)
+        else:
+            self.messages.refresh_folded(name, lambda: self.store.get(name), incident)
         if reopened:
             self.messages.reply(incident, None, Note(kind=NoteKind.CRASHING_AGAIN, pod=pod))
         return incident

@@ -5,6 +5,8 @@ incident in the store is the truth, the message only shows it."""
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 from bot.app.metrics import Metrics
 from bot.app.ports import ChatPort, ChatUnavailable
@@ -29,11 +31,47 @@ def reported(incident: Incident) -> Incident | None:
 
 
 class Messages:
-    def __init__(self, chat: ChatPort, metrics: Metrics):
+    def __init__(self, chat: ChatPort, metrics: Metrics, intact: Callable[[Incident], bool] | None = None):
         self.chat, self.metrics = chat, metrics
+        # Whether an incident's text is the bot's own (bot.app.seal); an edited copy is not shown.
+        self.intact = intact or (lambda incident: True)
+        # Repeats fold into one pending update per incident (refresh_folded).
+        self._fold = threading.Lock()
+        self._pending: dict[str, tuple[Callable[[], Incident | None], Incident]] = {}
+        self._flushing = False
+
+    def refresh_folded(self, name: str, load: Callable[[], Incident | None], known: Incident) -> None:
+        """Show a repeat's counters: at most one pending update per incident, rendered from the
+        incident as it is when its turn comes. The first caller sends the pending updates until
+        none are left; a repeat arriving meanwhile only joins the pending set (or is already in
+        it) and returns, so a storm of repeats costs one chat.update per incident per turn, not
+        one per alert (Slack allows about 50 updates a minute, bot.app.pacing). `known`: the
+        incident as the caller just wrote it, shown as is when no other repeat folded into it
+        (no extra read, as before folding)."""
+        mine = (load, known)
+        with self._fold:
+            self._pending[name] = mine
+            if self._flushing:
+                return
+            self._flushing = True
+        while True:
+            with self._fold:
+                if not self._pending:
+                    self._flushing = False
+                    return
+                name = next(iter(self._pending))
+                entry = self._pending.pop(name)
+            try:
+                incident = entry[1] if entry is mine else entry[0]()
+                if incident is not None and incident.message_id:
+                    self.refresh(incident)
+            except Exception:  # one incident's failure must not leave the others pending for ever
+                log.exception("updating the message of %s failed", name)
 
     def refresh(self, incident: Incident, clicked: MessageRef | None = None) -> None:
         """Re-render the incident's message, and the clicked copy if it is a different one."""
+        if not self.shown_as_sealed(incident):
+            return
         own = incident.message_ref()
         targets = [own] if own is not None else []
         # Every copy shows the current record, so no visible button carries a replaced digest (a
@@ -46,6 +84,16 @@ class Messages:
                 self.chat.update_incident(incident, message)
             except ChatUnavailable as exc:
                 log.warning("could not update the message of %s: %s", incident.name, exc)
+
+    def shown_as_sealed(self, incident: Incident) -> bool:
+        """False (logged, counted) when the incident's text is not what the bot wrote: someone
+        edited the incident object. Its messages then keep what they showed."""
+        if self.intact(incident):
+            return True
+        log.error("incident %s: its text is not what the bot wrote (the incident object was edited); "
+                  "not rendering it", incident.name)
+        self.metrics.refused_renders.inc()
+        return False
 
     def reply(self, incident: Incident, clicked: MessageRef | None, note: Note) -> None:
         """Reply in the thread of the clicked message, else of the incident's message."""

@@ -19,6 +19,8 @@ class Metrics:
                                        ["status"], registry=r)
         self.alerts_skipped = Counter("vllm_oncall_alerts_skipped", "Alerts not acted on", ["reason"], registry=r)
         self.diagnoses = Counter("vllm_oncall_diagnoses", "New incidents by diagnosed cause", ["cause"], registry=r)
+        self.refused_renders = Counter("vllm_oncall_refused_renders", "Incident messages not rendered: the "
+                                       "incident object's text was edited since the bot sealed it", registry=r)
         self.proposals = Counter("vllm_oncall_proposals", "Proposals offered with an Approve button", registry=r)
         # Each incident's message once: posted, or found in the channel's history after an ambiguous
         # answer or a restart (those are also counted in posts_recovered).

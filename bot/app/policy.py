@@ -70,6 +70,8 @@ class Policy:
     patch_seconds: float | None = None
     # The operator's runbook and dashboard URL templates, per cluster (shown in an incident's details).
     links: LinkTemplates = field(default_factory=LinkTemplates)
+    # The per-install key sealing the bot's own incident text (bot/app/seal.py); None: not sealed.
+    seal_key: bytes | None = None
 
 
 PROPOSALS_ONLY = ("proposals-only mode: this is the change the bot would make; nothing will be applied. "

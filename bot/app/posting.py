@@ -104,6 +104,8 @@ class Poster:
                 return self._lookup_failed(incident, exc)
             if found is not None:
                 return self._posted(incident, found, received_at, recovered=True)
+        if not self.messages.shown_as_sealed(incident):
+            return incident  # edited since the bot wrote it: never posted as the bot's own words
         try:
             message = self.chat.post_incident(with_links(incident, self.policy.links), incident.chat_channel)
         except ChatUnavailable as exc:

@@ -183,6 +183,8 @@ class Incident(Model):
     links: IncidentLinks | None = Field(default=None, exclude=True)
     applied: AppliedChange | None = None
     history: list[str] = Field(default_factory=list)  # for people only: never parsed
+    # HMAC over the text the bot computed (bot/app/seal.py); an edited copy is never rendered.
+    text_seal: str | None = None
 
     def shown_on(self, message: MessageRef) -> bool:
         """`message` is one of this incident's own messages."""

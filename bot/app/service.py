@@ -32,6 +32,7 @@ from bot.app.posting import Poster
 from bot.app.proposals import Proposer
 from bot.app.records import AlertTarget, Incident, MessageRef
 from bot.app.rollout import Rollout, VerifySteps
+from bot.app.seal import Sealer
 from bot.app.state import Outcome
 from bot.app.why import Why
 from bot.diagnosis.diagnose import diagnose as default_diagnose
@@ -55,8 +56,10 @@ class OncallService:
         # HTTP server replaces it with its executor after construction, so it is read per use.
         self.run_later = run_later or (lambda fn: fn())
         self.clock = clock
-        cas = IncidentCas(store, clock)
-        messages = Messages(chat, self.metrics)
+        # With a seal key the bot's own text is sealed and checked before it is rendered (bot.app.seal).
+        sealer = Sealer(self.policy.seal_key, self.policy.redactor) if self.policy.seal_key else None
+        cas = IncidentCas(store, clock, sealer.after_write if sealer else None)
+        messages = Messages(chat, self.metrics, sealer.intact if sealer else None)
         self.approvers = Approvers(self.policy, chat)
         proposer = Proposer(cluster, diagnose, self.policy, clock, traffic)
         self.posting = Poster(cluster.name, store, chat, cas, messages, self.metrics, self.policy, clock)

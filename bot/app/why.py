@@ -98,6 +98,8 @@ class Why:
 
     def _show(self, existing: Incident, channel: str) -> tuple[Incident, MessageRef | None]:
         """Same incident, same proposal: show it here too; a click on either message acts once."""
+        if not self.poster.messages.shown_as_sealed(existing):
+            return existing, None  # edited outside the bot: not shown as the bot's own words
         try:
             posted = self.chat.post_incident(with_links(existing, self.policy.links), channel)
         except ChatUnavailable as exc:

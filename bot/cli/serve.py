@@ -206,7 +206,7 @@ def _summary(settings: Settings) -> str:
     return (f"{_clusters_summary(settings)}; mode {settings.mode}; Slack via {mode}, channel "
             f"{settings.slack.channel}; incidents: {store_desc}; approvers: {approvers}; "
             f"alerts: {', '.join(settings.http.alertnames)} on {settings.http.listen}/alerts"
-            f"{' (bearer token required)' if settings.http.alert_token else ''}"
+            f"{' (bearer token required)' if settings.http.alert_token else ' (NO bearer token: unauthenticated)'}"
             f"{_wiring().watch_summary(settings)}")
 
 

@@ -37,6 +37,7 @@ ENV_VARS: dict[str, str] = {
     "approver_scopes": "VLLM_ONCALL_APPROVER_SCOPES",
     "why_scope": "VLLM_ONCALL_WHY_SCOPE",
     "alert_token": "VLLM_ONCALL_ALERT_TOKEN",
+    "alerts_unauthenticated": "VLLM_ONCALL_ALERTS_UNAUTHENTICATED",
     "alertnames": "VLLM_ONCALL_ALERTNAMES",
     "proposal_ttl_seconds": "VLLM_ONCALL_PROPOSAL_TTL_SECONDS",
     "verify_timeout_seconds": "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS",
@@ -59,6 +60,7 @@ ENV_VARS: dict[str, str] = {
     "mode": "VLLM_ONCALL_MODE",
     "playbooks": "VLLM_ONCALL_PLAYBOOKS",
     "redact_patterns": "VLLM_ONCALL_REDACT_PATTERNS",
+    "seal_key": "VLLM_ONCALL_SEAL_KEY",
     "watch": "VLLM_ONCALL_WATCH",
     "watch_namespaces": "VLLM_ONCALL_WATCH_NAMESPACES",
     "watch_label_selector": "VLLM_ONCALL_WATCH_LABEL_SELECTOR",
@@ -148,6 +150,9 @@ class HttpSettings(Group):
     workers: int = Field(default=16, ge=1, le=64)
     queue_size: int = Field(default=100, ge=1)
     alert_token: str | None = None
+    # /alerts without a bearer token only when the operator says so: the endpoint can ask for a
+    # diagnosis and post to the channel, so an unset token must be a choice, not an omission.
+    alerts_unauthenticated: bool = False
     alertnames: list[str] = Field(default_factory=lambda: ["KubePodCrashLooping"])
 
     @field_validator("alertnames")
@@ -165,6 +170,20 @@ class HttpSettings(Group):
         if not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8080")
         return v
+
+    def alert_auth_refusal(self) -> str | None:
+        """Why `serve` must not start with these alert settings (one line), or None."""
+        if self.alert_token or self.alerts_unauthenticated:
+            return None
+        return (f"{ENV_VARS['alert_token']} is not set: set it to the bearer token Alertmanager sends, or set "
+                f"{ENV_VARS['alerts_unauthenticated']}=true if only trusted senders can reach /alerts")
+
+    def alert_auth_warning(self) -> str | None:
+        """The loud start-up line of an install that accepts unauthenticated alerts, or None."""
+        if self.alert_token or not self.alerts_unauthenticated:
+            return None
+        return (f"/alerts accepts alerts WITHOUT a bearer token ({ENV_VARS['alerts_unauthenticated']}=true): "
+                "anyone who can reach it can open incidents and post to the channel")
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -287,6 +306,8 @@ class Settings(BaseModel):
     # expressions; the match (or its group named `secret`) becomes ***. In the environment: one per
     # line, or a JSON list (a comma may be part of a pattern, so commas do not separate them).
     redact_patterns: list[str] = Field(default_factory=list)
+    # The key sealing the bot's own incident text (bot/app/seal.py); unset: derived from the bot token.
+    seal_key: str | None = None
     # Links in an incident's details: URL templates with {namespace}, {workload}, {pod}, {cluster}
     # (URL-encoded). One template for every cluster, or per cluster: a JSON object / a YAML
     # mapping of cluster name (or "*" for the rest) to template.

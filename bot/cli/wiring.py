@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -36,11 +37,13 @@ from slack_sdk.errors import SlackApiError
 from bot.app.commentary import Commentary
 from bot.app.links import LinkKind, LinkTemplates
 from bot.app.metrics import Metrics
+from bot.app.pacing import Pacer
 from bot.app.policy import Policy
 from bot.app.ports import ClusterPort, IncidentStore, PodNotFound
 from bot.app.rehearsal import TEST_CLUSTER
 from bot.app.rollout import VerifySteps
 from bot.app.router import ClusterRouter
+from bot.app.seal import derived_key
 from bot.app.service import OncallService
 from bot.app.work import InlineExecutor, WorkQueue
 from bot.cli.access import api_client, check_reachable
@@ -104,7 +107,8 @@ def policy_of(settings: Settings, redactor: Redactor) -> Policy:
                   apply_grace=timedelta(seconds=settings.apply_grace_seconds),
                   patch_seconds=patch_seconds(settings) if settings.cluster_source == "kube" else None,
                   links=LinkTemplates({LinkKind.RUNBOOK: settings.runbook_url,
-                                       LinkKind.DASHBOARD: settings.dashboard_url}))
+                                       LinkKind.DASHBOARD: settings.dashboard_url}),
+                  seal_key=derived_key(settings.seal_key or settings.slack.bot_token))
 
 
 def kubeconfig_of(settings: Settings) -> str | None:
@@ -202,10 +206,36 @@ class Parts:
                            soak_seconds=s.verify.soak_seconds)
 
 
-def build(settings: Settings) -> Wiring:
+@dataclass(frozen=True)
+class ChatClock:
+    """The clock the chat's pacing and retries wait on: the real one, or a test's virtual clock
+    shared with the Slack stand-in (so a 300-crash storm is paced without waiting 10 minutes)."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def paced_chat(settings: Settings, slack: WebClient, metrics: Metrics, redactor: Redactor,
+               clock: ChatClock | None = None) -> SlackChat:
+    """The chat `serve` posts through: paced to Slack's posting rate (bot.app.pacing), its
+    retries honouring Retry-After, a post's retries ending inside its post lease (Settings
+    checked the timeout leaves room)."""
+    clock = clock or ChatClock()
+    return SlackChat(slack, settings.slack.channel, metrics, max_attempts=settings.slack.max_attempts,
+                     max_retry_after_seconds=settings.slack.max_retry_after_seconds, redactor=redactor,
+                     post_budget_seconds=post_budget(settings.post_lease_seconds), clock=clock.now,
+                     sleep=clock.sleep, pacer=Pacer(clock=clock.now, sleep=clock.sleep))
+
+
+def build(settings: Settings, clock: ChatClock | None = None) -> Wiring:
     """Wire the real pieces from settings. One OncallService per cluster served
     (VLLM_ONCALL_CLUSTERS, else the one cluster), sharing the chat, the policy, the metrics,
     the diagnoser and the work queue, behind one ClusterRouter."""
+    refusal = settings.http.alert_auth_refusal()
+    if refusal:  # before anything listens: an open /alerts must be the operator's explicit choice
+        raise CheckFailed(refusal)
+    if settings.http.alert_auth_warning():
+        log.warning("%s", settings.http.alert_auth_warning())
     metrics = Metrics()
     metrics.build_info.labels(version()).set(1)
     # One redactor (the built-in rules + VLLM_ONCALL_REDACT_PATTERNS) for every adapter whose text
@@ -215,10 +245,7 @@ def build(settings: Settings) -> Wiring:
     diagnose = diagnoser(books)
     policy = policy_of(settings, redactor)
     slack = make_client(settings.slack.bot_token, settings.slack.api_url, timeout=settings.slack.timeout_seconds)
-    # A post's retries end inside its post lease (Settings checked the timeout leaves room).
-    chat = SlackChat(slack, settings.slack.channel, metrics, max_attempts=settings.slack.max_attempts,
-                     max_retry_after_seconds=settings.slack.max_retry_after_seconds, redactor=redactor,
-                     post_budget_seconds=post_budget(settings.post_lease_seconds))
+    chat = paced_chat(settings, slack, metrics, redactor, clock)
     commentary = _commentary(settings, metrics, redactor)
     parts = Parts(settings, books, diagnose, metrics, redactor)
     clusters = []
@@ -310,8 +337,8 @@ def post_test_incident(settings: Settings, channel: str, books: list[Playbook] |
                   "that it is a test and change nothing")
 
 
-def build_server(settings: Settings) -> tuple[BotServer, SocketModeHandler | None]:
-    wiring = build(settings)
+def build_server(settings: Settings, clock: ChatClock | None = None) -> tuple[BotServer, SocketModeHandler | None]:
+    wiring = build(settings, clock)
     return wiring.server, wiring.socket_handler
 
 
@@ -373,6 +400,9 @@ def check_dependencies(settings: Settings, offline: bool = False) -> str:
     """What `serve --check` checks past the settings: the playbooks load (bundled plus extra folders),
     the cluster answers the calls the bot makes first and, unless `offline`, Slack accepts the
     token, its scopes and the bot's membership of the channel (bot.slack.preflight)."""
+    refusal = settings.http.alert_auth_refusal()
+    if refusal:
+        raise CheckFailed(refusal)
     books = load_books(settings.playbooks)
     lines = [f"playbooks OK: {len(books or load_dir())} "
              f"({', '.join(str(p) for p in settings.playbooks) or 'bundled only'})"]

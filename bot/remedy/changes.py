@@ -221,6 +221,46 @@ def build_probe(c: dict[str, Any], after: str) -> dict[str, Any]:
             "failureThreshold": max(1, math.ceil(seconds / PROBE_PERIOD_SECONDS))}
 
 
+# ---- the live value a change replaces -------------------------------------------------------
+
+def with_live_before(pod_spec: dict[str, Any], container: str | None, changes: list[Change]) -> list[Change]:
+    """`changes` with each `before` read from this (live) pod spec where it sets the field.
+
+    The diagnosis read its values from the crashed pod, which may be older than the workload
+    (someone already lowered --max-model-len from 32768 to 30000): the approver must see what
+    the patch replaces, and the patch's `test` ops are built from the same live spec. A flag the
+    live spec does not set keeps the diagnosis' value (the effective default it computed from).
+    """
+    c = pod_spec["containers"][container_index(pod_spec, container)]
+    out = []
+    for change in changes:
+        live = _live_value(c, change)
+        before = change.before if live is _UNREAD else live
+        out.append(Change(kind=change.kind, name=change.name, before=before, after=change.after))
+    return out
+
+
+_UNREAD = object()  # a field this reader does not compare (a whole probe, a volume's source)
+
+
+def _live_value(c: dict[str, Any], change: Change) -> Any:
+    if change.kind == "flag":
+        value = cmdline.parse(_strs(c.get("command")), _strs(c.get("args"))).get(change.name)
+        return _UNREAD if value is None else value
+    if change.kind == "env":
+        named = [e for e in c.get("env") or [] if e.get("name") == change.name]
+        return None if not named else (named[-1].get("value") if "value" in named[-1] else _UNREAD)
+    if change.kind == "resources":
+        section, _, key = change.name.partition(".")
+        value = ((c.get("resources") or {}).get(section) or {}).get(key)
+        return None if value is None else str(value)
+    if change.kind == "probe" and "." in change.name:
+        probe_name, _, field = change.name.partition(".")
+        value = (c.get(probe_name) or {}).get(field)
+        return None if value is None else str(value)
+    return _UNREAD
+
+
 # ---- field snapshots, diffs and the JSON Patch ---------------------------------------------
 
 def fields_of(pod_spec: dict[str, Any], container: str | None) -> dict[str, Any]:

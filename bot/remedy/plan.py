@@ -74,7 +74,7 @@ def make_proposal(cluster: str, ref: WorkloadRef, workload: dict[str, Any], diag
         workload=bound_to(ref, meta.get("resourceVersion"), meta.get("uid") or ref.uid, hint),
         cause=diagnosis.cause,
         title=diagnosis.title,
-        changes=list(diagnosis.changes),
+        changes=ch.with_live_before(pod_spec, ref.container, list(diagnosis.changes)),
         command_before=argv(pod_spec, ref.container),
         command_after=argv(new_spec, ref.container),
         container_before=before,

@@ -16,6 +16,7 @@ import dataclasses
 import http.client
 import logging
 import socket
+import threading
 import time
 import urllib.error
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.app.metrics import Metrics
+from bot.app.pacing import ChatWrite, Pacer, TurnTooFar
 from bot.app.policy import DEFAULT_POST_LEASE
 from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
@@ -44,6 +46,7 @@ IDEMPOTENT = {"chat.update", "users.info", "usergroups.users.list", "auth.test",
 SERVER_ERRORS = {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 CHANNEL_REFUSED = {"channel_not_found", "not_in_channel", "is_archived", "restricted_action"}
 SLACK_API_URL = "https://slack.com/api/"
+PACED = {"chat.postMessage": ChatWrite.POST, "chat.update": ChatWrite.UPDATE}  # Slack's rate-limited writes
 EVENT_TYPE = "vllm_oncall_incident"  # the metadata event type of every incident message
 DETAILS_EVENT_TYPE = "vllm_oncall_details"  # the thread reply that carries an incident's details
 NOTE_EVENT_TYPE = "vllm_oncall_note"  # ... and of a thread reply that must appear once (Note.key)
@@ -139,8 +142,11 @@ class SlackChat:
                  max_attempts: int = 5, max_retry_after_seconds: float = 60,
                  backoff_seconds: float = 0.5, sleep: Callable[[float], None] = time.sleep,
                  redactor: Redactor | None = None, post_budget_seconds: float = POST_BUDGET_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, pacer: Pacer | None = None):
         self.client = client
+        # Slack's posting rate (bot.app.pacing): every post and update takes its turn; None: no
+        # pacing (tests of other things; serve always paces, bot.cli.wiring).
+        self.pacer = pacer
         self.redactor = redactor or DEFAULT_REDACTOR  # every message: the built-in rules + the operator's
         self.default_channel = default_channel
         self._bot: str | None = None  # this bot's bot_id, once asked
@@ -156,10 +162,27 @@ class SlackChat:
         # replica may take the lease and post, so retrying past it risks a duplicate. build_server
         # passes post_budget(lease).
         self.post_retries = dataclasses.replace(self.retries, budget=post_budget_seconds)
+        # Paced, the budget is shared: half to wait for the channel's turn, half for the retries.
+        self.post_wait: float | None = None
+        if pacer is not None:
+            self.post_wait = post_budget_seconds / 2
+            self.post_retries = dataclasses.replace(self.retries, budget=post_budget_seconds / 2)
 
     # ---- the one place every Web API call goes through ----------------------------------
 
-    def call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None = None, **kwargs: Any) -> Any:
+    def call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None = None,
+             max_wait: float | None = None, **kwargs: Any) -> Any:
+        kind = PACED.get(method)
+        if self.pacer is None or kind is None:
+            return self._call(method, fn, policy, **kwargs)
+        try:
+            with self.pacer.turn(kind, str(kwargs.get("channel") or self.default_channel), max_wait):
+                return self._call(method, fn, policy, **kwargs)
+        except TurnTooFar as exc:  # certainly not sent: the incident stays pending, the sweep posts it
+            self.metrics.slack_failures.labels(method).inc()
+            raise ChatUnavailable(f"{method}: {exc}", ambiguous=False) from None
+
+    def _call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None, **kwargs: Any) -> Any:
         try:
             answer = (policy or self.retries).run(fn, api="slack", call=method,
                                                   reason_of=lambda exc: retry_reason(method, exc),
@@ -201,11 +224,16 @@ class SlackChat:
         metadata = {"event_type": EVENT_TYPE, "event_payload": {"incident": incident.name,
                                                                 "post_key": incident.post_key}} \
             if incident.post_key else None
+        # Its turn must come inside the post's budget, or the post lease could run out while it waits.
         resp = self.call("chat.postMessage", self.client.chat_postMessage, policy=self.post_retries,
-                         channel=channel or self.default_channel,
+                         max_wait=self.post_wait, channel=channel or self.default_channel,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
         ref = MessageRef(channel=resp["channel"], message_id=resp["ts"])
-        self.post_details(incident, ref)
+        if self.pacer is None:
+            self.post_details(incident, ref)
+        else:  # its turn comes a second later: the message's id is recorded meanwhile, not after it
+            threading.Thread(target=self.post_details, args=(incident, ref), daemon=True,
+                             name="slack-details").start()
         return ref
 
     def post_details(self, incident: Incident, message: MessageRef) -> None:

@@ -12,7 +12,7 @@ import yaml
 from bot.cli.settings import SettingsError, load_settings
 
 BASE = {"VLLM_ONCALL_CLUSTER": "prod-eu", "SLACK_BOT_TOKEN": "xoxb-1-2-abc", "SLACK_SIGNING_SECRET": "s",
-        "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS"}
+        "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_ALERT_TOKEN": "alert-tok"}
 
 
 def test_defaults_are_the_safe_ones():

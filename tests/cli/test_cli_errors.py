@@ -99,7 +99,7 @@ def test_why_without_permission_names_the_verb(crashing, kube_api):
 def test_serve_with_no_kubeconfig_and_not_in_a_cluster(tmp_path):
     env = {"VLLM_ONCALL_CLUSTER": "c", "SLACK_BOT_TOKEN": "xoxb-1", "SLACK_APP_TOKEN": "xapp-1",
            "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_MODE": "proposals-only",
-           "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "KUBECONFIG": str(tmp_path / "none")}
+           "VLLM_ONCALL_ALERT_TOKEN": "t", "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "KUBECONFIG": str(tmp_path / "none")}
     line = one_line(run("serve", env=env))
     assert "no Kubernetes access: not running in a pod" in line
 

@@ -15,7 +15,8 @@ from bot.cli.settings import SettingsError, load_settings
 from bot.diagnosis.playbooks import DEFAULT_DIR
 
 GOOD = {"VLLM_ONCALL_CLUSTER": "prod-eu", "SLACK_BOT_TOKEN": "xoxb-1-2-abc", "SLACK_SIGNING_SECRET": "s",
-        "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0AAA, U0BBB"}
+        "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0AAA, U0BBB",
+        "VLLM_ONCALL_ALERT_TOKEN": "alert-tok"}
 
 
 def test_good_environment():
@@ -174,7 +175,8 @@ def test_the_recovery_time_outs_default_to_what_they_were_and_reach_the_wiring(s
             service = server.router.default
             chat = service.chat
             assert chat.client.timeout == int(timeout or 10)
-            assert chat.post_retries.budget == budget, "a post's retries get half the lease"
+            # paced (bot.app.pacing): half of it to wait for the channel's turn, half for the retries
+            assert chat.post_wait + chat.post_retries.budget == budget, "a post gets half the lease"
             assert budget + chat.client.timeout < float(lease or 60), "and end inside it"
             assert service.policy.post_lease.total_seconds() == float(lease or 60)
             assert service.policy.apply_grace.total_seconds() == float(grace or 120)

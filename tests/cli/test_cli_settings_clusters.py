@@ -12,7 +12,7 @@ from bot.cli.settings import SettingsError, load_settings
 from bot.cli.wiring import CheckFailed, check_dependencies
 
 BASE = {"SLACK_BOT_TOKEN": "xoxb-1-2-abc", "SLACK_SIGNING_SECRET": "s", "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS",
-        "VLLM_ONCALL_APPROVERS": "U0AAA"}
+        "VLLM_ONCALL_APPROVERS": "U0AAA", "VLLM_ONCALL_ALERT_TOKEN": "alert-tok"}
 
 
 @pytest.fixture

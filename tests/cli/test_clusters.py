@@ -44,7 +44,7 @@ class TwoClusters:
         self.env = {"VLLM_ONCALL_CLUSTERS": "alpha=ctx-a,beta=ctx-b", "KUBECONFIG": kubeconfig,
                     "SLACK_BOT_TOKEN": "xoxb-clusters", "SLACK_SIGNING_SECRET": SECRET, "SLACK_API_URL": slack.url,
                     "VLLM_ONCALL_SLACK_CHANNEL": CHANNEL, "VLLM_ONCALL_APPROVERS": APPROVER,
-                    "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube",
+                    "VLLM_ONCALL_ALERTS_UNAUTHENTICATED": "true", "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube",
                     "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall", "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS": "1",
                     "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_SWEEP_INTERVAL_SECONDS": "3600",
                     "VLLM_ONCALL_APPLY_GRACE_SECONDS": "7201",  # no sweep during a test: the test sweeps itself

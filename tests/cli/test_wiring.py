@@ -53,7 +53,7 @@ def wired(kube_api, slack, tmp_path, monkeypatch):
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "wiring-test", "SLACK_BOT_TOKEN": "xoxb-wiring", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": "s3cret", "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": APPROVER,
-        "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall",
+        "VLLM_ONCALL_ALERTS_UNAUTHENTICATED": "true", "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall",
         "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS": VERIFY_BOUND, "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0",
         "VLLM_ONCALL_PLAYBOOKS": str(books)})
     wiring = build(settings)
@@ -120,7 +120,7 @@ def test_the_webhook_and_the_pod_watch_share_the_one_work_queue(kube_api, slack,
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "wiring-test", "SLACK_BOT_TOKEN": "xoxb-wiring", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": "s3cret", "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": APPROVER,
-        "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_WATCH": "true",
+        "VLLM_ONCALL_ALERTS_UNAUTHENTICATED": "true", "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_WATCH": "true",
         "VLLM_ONCALL_WATCH_NAMESPACES": NS})
     wiring = build(settings)
     try:

@@ -40,7 +40,7 @@ def case(request, kube_api, slack, tmp_path, monkeypatch):
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "llm-test", "SLACK_BOT_TOKEN": "xoxb-llm", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": "s", "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0A",
-        "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube",
+        "VLLM_ONCALL_ALERTS_UNAUTHENTICATED": "true", "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube",
         "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall", "VLLM_ONCALL_CLUSTER_SOURCE": "kube",
         "VLLM_ONCALL_LLM_BASE_URL": llm.url, "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": llm_timeout})
     server, _ = build_server(settings)

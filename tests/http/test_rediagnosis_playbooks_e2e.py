@@ -46,7 +46,7 @@ def world(kube_api, slack, tmp_path, monkeypatch):
     settings = load_settings({
         "VLLM_ONCALL_CLUSTER": "site", "SLACK_BOT_TOKEN": "xoxb-site", "SLACK_API_URL": slack.url,
         "SLACK_SIGNING_SECRET": SIGNING, "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0APPROVER",
-        "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall",
+        "VLLM_ONCALL_ALERTS_UNAUTHENTICATED": "true", "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube", "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall",
         "VLLM_ONCALL_CLUSTER_SOURCE": "kube", "VLLM_ONCALL_VERIFY_TIMEOUT_SECONDS": "20",
         "VLLM_ONCALL_VERIFY_SOAK_SECONDS": "0", "VLLM_ONCALL_PLAYBOOKS": str(books)})
     server, _ = build_server(settings)

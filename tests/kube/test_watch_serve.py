@@ -22,7 +22,7 @@ def test_serve_with_the_watch_posts_a_first_crash_without_any_alert(tmp_path):
     env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
            "VLLM_ONCALL_CLUSTER": "watch-test", "SLACK_BOT_TOKEN": "xoxb-serve", "SLACK_SIGNING_SECRET": "s3",
            "SLACK_API_URL": slack.url, "VLLM_ONCALL_SLACK_CHANNEL": "C0ALERTS", "VLLM_ONCALL_APPROVERS": "U0A",
-           "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube",
+           "VLLM_ONCALL_ALERTS_UNAUTHENTICATED": "true", "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "kube",
            "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall", "VLLM_ONCALL_WATCH": "true",
            "VLLM_ONCALL_WATCH_NAMESPACES": NS}
     env.pop("KUBERNETES_SERVICE_HOST", None)

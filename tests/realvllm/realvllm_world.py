@@ -50,7 +50,7 @@ class Bot:
         self.log = folder / "bot.log"
         with self.log.open("w") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve"],
-                                         env={**env, "VLLM_ONCALL_LISTEN": f"127.0.0.1:{self.port}"},
+                                         env={**env, "VLLM_ONCALL_ALERTS_UNAUTHENTICATED": "true", "VLLM_ONCALL_LISTEN": f"127.0.0.1:{self.port}"},
                                          cwd=folder, stdout=out, stderr=subprocess.STDOUT, text=True)
 
     def stop(self) -> None:

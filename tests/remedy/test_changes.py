@@ -261,3 +261,25 @@ def test_patch_then_rollback_round_trips(c, new_value, shm):
     rollback, _ = plan.rollback_ops(patched, "you")
     restored = jsonpatch.apply_patch(patched, rollback)
     assert restored["spec"]["template"]["spec"] == before_spec
+
+
+def test_before_values_are_read_from_the_live_spec_where_it_sets_them():
+    from bot.remedy.changes import with_live_before
+
+    spec = {"containers": [{"name": "vllm", "command": ["vllm", "serve", "m"], "args": ["--max-model-len=30000"],
+                            "env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"},
+                                    {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+                            "resources": {"limits": {"memory": "40Gi"}}}]}
+    changes = [Change(kind="flag", name="--max-model-len", before="32768", after="18432"),
+               Change(kind="flag", name="--enforce-eager", before="false", after="true"),
+               Change(kind="env", name="A", before="9", after="3"),
+               Change(kind="env", name="S", before="x", after="y"),
+               Change(kind="env", name="NEW", before="old", after="v"),
+               Change(kind="resources", name="limits.memory", before="32Gi", after="48Gi")]
+    got = {(c.kind, c.name): c.before for c in with_live_before(spec, "vllm", changes)}
+    assert got == {("flag", "--max-model-len"): "30000",  # the live value, not the crashed pod's
+                   ("flag", "--enforce-eager"): "false",  # not set live: the diagnosis' effective value
+                   ("env", "A"): "2",  # the last definition is the one the kubelet uses
+                   ("env", "S"): "x",  # from a Secret: not read here
+                   ("env", "NEW"): None, ("resources", "limits.memory"): "40Gi"}
+    assert [c.after for c in with_live_before(spec, "vllm", changes)] == [c.after for c in changes]

@@ -14,6 +14,12 @@ Top-level posts are kept per channel (`messages`) with their metadata, and `conv
 serves them like Slack: newest first, `oldest`/`latest` bounds, `limit` and cursor pages
 (`response_metadata.next_cursor`), metadata only with `include_all_metadata`.
 
+With `rate` set (a RateLimit on an injected clock, e.g. a VirtualClock the bot's pacing waits on
+too), it enforces Slack's posting rate: about one chat.postMessage per second per channel and
+about 50 chat.update a minute, answering 429 with a Retry-After (whole seconds, as Slack sends it)
+and recording each (`rate.limited`) and every call that came back before its Retry-After had run
+out (`rate.early`).
+
 With `socket_mode` set (a slackapi.socketmode.SocketModeStandIn), `apps.connections.open` answers
 an xapp- token with a one-use ws:// URL of it, as Slack does for Socket Mode apps.
 """
@@ -21,9 +27,11 @@ an xapp- token with a one-use ws:// URL of it, as Slack does for Socket Mode app
 from __future__ import annotations
 
 import json
+import math
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +89,73 @@ class Chaos:
                      delay=self.slow if kind == "slow" else 0.0)
 
 
+class VirtualClock:
+    """Seconds that pass only when someone sleeps on it: each sleep adds its length. Shared by the
+    bot's chat pacing and the stand-in's rate limit, so a storm paced at one post a second is
+    checked without waiting for it."""
+
+    def __init__(self, start: float = 1000.0):
+        self._t, self._lock = start, threading.Lock()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._t
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self._t += max(0.0, seconds)
+
+
+@dataclass
+class Limited:
+    method: str
+    channel: str
+    at: float
+    retry_after: int
+
+
+class RateLimit:
+    """Slack's posting rate, on `clock`: chat.postMessage per channel every `post_interval`
+    seconds, at most `updates_per_minute` chat.update in any 60 s."""
+
+    def __init__(self, clock: Callable[[], float], post_interval: float = 1.0, updates_per_minute: int = 50):
+        self.clock, self.post_interval, self.updates_per_minute = clock, post_interval, updates_per_minute
+        self.limited: list[Limited] = []  # every 429 answered
+        self.early: list[tuple[str, str, float]] = []  # calls made before their Retry-After ran out
+        self._last_post: dict[str, float] = {}
+        self._updates: deque[float] = deque()
+        self._blocked: dict[tuple[str, str], float] = {}  # (method, channel) -> Retry-After's end
+
+    def check(self, method: str, channel: str) -> int | None:
+        """None: the call may go ahead (and counts); else the Retry-After to answer with."""
+        now = self.clock()
+        until = self._blocked.get((method, channel))
+        if until is not None and now < until:
+            self.early.append((method, channel, now))
+        wait = self._wait(method, channel, now)
+        if wait is None:
+            return None
+        retry_after = max(1, math.ceil(wait))
+        self.limited.append(Limited(method, channel, now, retry_after))
+        self._blocked[(method, channel)] = now + retry_after
+        return retry_after
+
+    def _wait(self, method: str, channel: str, now: float) -> float | None:
+        if method == "chat.postMessage":
+            last = self._last_post.get(channel)
+            if last is not None and now - last < self.post_interval:
+                return self.post_interval - (now - last)
+            self._last_post[channel] = now
+            return None
+        if method == "chat.update":
+            while self._updates and self._updates[0] <= now - 60:
+                self._updates.popleft()
+            if len(self._updates) >= self.updates_per_minute:
+                return self._updates[0] + 60 - now
+            self._updates.append(now)
+        return None
+
+
 @dataclass
 class Answer:
     status: int
@@ -108,6 +183,7 @@ class SlackStandIn:
         self.revoked: set[str] = set()
         self.socket_mode: Any = None  # a SocketModeStandIn: apps.connections.open hands out its URLs
         self.chaos: Chaos | None = None
+        self.rate: RateLimit | None = None
         self._faults: dict[str, list[Fault]] = {}
         self._last_ts = 0.0
         self._lock = threading.Lock()
@@ -239,6 +315,11 @@ class SlackStandIn:
             return Answer(200, {"ok": False, "error": "not_authed"})
         if auth.removeprefix("Bearer ") in self.revoked:
             return Answer(200, {"ok": False, "error": "invalid_auth"})
+        if self.rate is not None and method in ("chat.postMessage", "chat.update"):
+            with self._lock:
+                retry_after = self.rate.check(method, str(params.get("channel") or ""))
+            if retry_after is not None:
+                return Answer(429, {"ok": False, "error": "ratelimited"}, {"Retry-After": str(retry_after)})
         status, body = self._effect(method, params)
         answer = Answer(status, body, {"x-oauth-scopes": ",".join(self.scopes)},
                         committed=status == 200 and bool(body.get("ok")))
