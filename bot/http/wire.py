@@ -23,7 +23,9 @@ class Limits:
     max_head_bytes: int = 16 * 1024
     max_body_bytes: int = 4 * 1024 * 1024
     head_timeout: float = 5.0  # the whole request line and headers: a slow client is cut off
-    body_idle_timeout: float = 0.5  # no byte of a promised body for this long: 408
+    # No byte of a promised body for this long: 408. Long enough that a sender (or this process)
+    # busy for a moment is not cut off mid-body; the whole-body limit below still ends a slow drip.
+    body_idle_timeout: float = 2.0
     body_timeout: float = 15.0  # the whole body
     keepalive_timeout: float = 15.0  # an idle kept-alive connection is closed silently
     write_timeout: float = 10.0  # a client that does not read its answer

@@ -135,7 +135,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize("data,status,reason", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
 def test_malformed_requests_get_a_quick_counted_4xx(world, data, status, reason):
-    server = world()
+    server = world(limits=Limits(body_idle_timeout=0.3))  # the 408 case waits for this, not the 2 s default
     before = counted(server, "http_rejected", reason)
     answer, seconds = raw_exchange(server, data)
     assert answer == status and seconds < 1.0
