@@ -244,6 +244,8 @@ def _in_release_spelling(changes: list[Change], ctx: Context) -> tuple[list[Chan
 
 
 def _sentence(text: str) -> str:
+    if text[1:2].isupper():  # a name spelt that way on purpose ("vLLM estimates ..."): keep it
+        return text
     return text[:1].upper() + text[1:]
 
 

@@ -161,5 +161,5 @@ def _probe_window(ctx: Context) -> tuple[float, str] | None:
 
 
 def _join(text: str, why: str) -> str:
-    return text + (" " + why[:1].upper() + why[1:] if why else "")
+    return text + (" " + (why if why[1:2].isupper() else why[:1].upper() + why[1:]) if why else "")
 
