@@ -196,5 +196,17 @@ def budget_picture(model: MemoryModel | None, proposed: bool) -> str:
     others = [c for c in model.considered if not c.chosen]
     if others:
         lines.append("Considered and not chosen:")
-        lines += [f"  - {c.lever}: {c.why_not}" for c in others[:5]]
+        lines += [f"  - {lever}: {why}" for lever, why in _grouped_levers(others)[:5]]
     return "\n".join(lines)
+
+
+def _grouped_levers(considered: list) -> list[tuple[str, str]]:
+    """One line per flag and reason: '--cpu-offload-gb 10, 11, 12' rather than a line per step."""
+    grouped: list[tuple[str, str]] = []
+    for c in considered:
+        flag, _, value = c.lever.partition(" ")
+        if grouped and value and grouped[-1][1] == c.why_not and grouped[-1][0].split(" ")[0] == flag:
+            grouped[-1] = (f"{grouped[-1][0]}, {value}", c.why_not)
+        else:
+            grouped.append((c.lever, c.why_not))
+    return grouped
