@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -97,3 +97,33 @@ FAILURE_BOUND = 60.0
 
 def bound(timeout: float) -> float:
     return max(timeout, FAILURE_BOUND)
+
+
+class MetricsExporter:
+    """A Prometheus exporter stand-in: subclasses say what `text()` serves at /metrics."""
+
+    name = "metrics"
+    server: StandInServer | None = None
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        exporter = self
+
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:
+                self.reply(200 if self.path.startswith("/metrics") else 404, exporter.text().encode(),
+                           "text/plain; version=0.0.4")
+
+        self.server = StandInServer(Handler, name=self.name).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        return self.server.address

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from standin_http import QuietHandler, StandInServer
+from standin_http import MetricsExporter
 
 
 @dataclass
@@ -30,11 +30,12 @@ class Gpu:
     pod: tuple[str, str, str] | None = None  # (namespace, pod, container) when mapped
 
 
-class DcgmExporter:
+class DcgmExporter(MetricsExporter):
+    name = "dcgm-exporter"
+
     def __init__(self, gpus: list[Gpu]):
         self.gpus = gpus
         self.started = time.monotonic()
-        self.server: StandInServer | None = None
 
     def text(self) -> str:
         t = time.monotonic() - self.started
@@ -48,23 +49,3 @@ class DcgmExporter:
             used = min(g.capacity_mib, int(g.used_mib(t)))
             lines += [f"DCGM_FI_DEV_FB_USED{{{labels}}} {used}", f"DCGM_FI_DEV_FB_FREE{{{labels}}} {g.capacity_mib - used}"]
         return "\n".join(lines) + "\n"
-
-    def start(self) -> DcgmExporter:
-        exporter = self
-
-        class Handler(QuietHandler):
-            def do_GET(self) -> None:
-                self.reply(200 if self.path.startswith("/metrics") else 404, exporter.text().encode(),
-                           "text/plain; version=0.0.4")
-
-        self.server = StandInServer(Handler, name="dcgm-exporter").start()
-        return self
-
-    def stop(self) -> None:
-        if self.server:
-            self.server.stop()
-
-    @property
-    def address(self) -> str:
-        assert self.server is not None
-        return self.server.address

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from standin_http import QuietHandler, StandInServer
+from standin_http import MetricsExporter
 
 METRICS = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens")
 
@@ -29,11 +29,12 @@ class PodTraffic:
     gauges: dict[str, float] = field(default_factory=dict)
 
 
-class VllmMetricsExporter:
+class VllmMetricsExporter(MetricsExporter):
+    name = "vllm-metrics"
+
     def __init__(self, pods: list[PodTraffic]):
         self.pods = pods
         self.serving = False  # False: every counter at zero
-        self.server: StandInServer | None = None
 
     def serve(self) -> None:
         self.serving = True
@@ -54,23 +55,3 @@ class VllmMetricsExporter:
             lines += [f'{gauge}{{model_name="{p.model}",namespace="{p.namespace}",pod="{p.pod}"}} {p.gauges[gauge]:g}'
                       for p in self.pods if gauge in p.gauges]
         return "\n".join(lines) + "\n"
-
-    def start(self) -> VllmMetricsExporter:
-        exporter = self
-
-        class Handler(QuietHandler):
-            def do_GET(self) -> None:
-                self.reply(200 if self.path.startswith("/metrics") else 404, exporter.text().encode(),
-                           "text/plain; version=0.0.4")
-
-        self.server = StandInServer(Handler, name="vllm-metrics").start()
-        return self
-
-    def stop(self) -> None:
-        if self.server:
-            self.server.stop()
-
-    @property
-    def address(self) -> str:
-        assert self.server is not None
-        return self.server.address
