@@ -15,7 +15,6 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +24,15 @@ _UNSAFE = re.compile(r"[\s<>|]")  # would end or split a chat link <url|text>
 # scheme://host (an optional user@ and :port), as RFC 3986 spells an http(s) URL's start
 _HTTP_URL = re.compile(r"https?://(?:[^/?#@\s]*@)?(?:[A-Za-z0-9.-]*[A-Za-z0-9]|\[[0-9A-Fa-f:.]+\])(?::\d*)?(?:[/?#].*)?",
                        re.DOTALL)
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def quote(value: str) -> str:
+    """Percent-encode everything but RFC 3986's unreserved characters (a `/` too): a name stays
+    one path segment or one query value."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in value.encode("utf-8"))
+
+
 class LinkKind(StrEnum):
     RUNBOOK = "runbook"
     DASHBOARD = "dashboard"
@@ -74,9 +82,7 @@ def template_problem(template: str) -> str | None:
 
 
 def expand(template: str, values: Mapping[str, str]) -> str:
-    # safe="": everything but RFC 3986's unreserved characters is encoded, a `/` too, so a name
-    # stays one path segment or one query value
-    return template.format(**{n: quote(values.get(n, ""), safe="") for n in PLACEHOLDERS})
+    return template.format(**{n: quote(values.get(n, "")) for n in PLACEHOLDERS})
 
 
 def _pod(incident_pod: str | None, pods: list[str]) -> str | None:
