@@ -28,7 +28,8 @@ _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 
 
 def quote(value: str) -> str:
-    """Percent-encode everything but RFC 3986's unreserved characters (a `/` too): a name stays
+    """urllib.parse.quote(value, safe="") without urllib, which the layer contracts keep out of
+    bot.app (it is the HTTP client's package too). Percent-encode everything but RFC 3986's unreserved characters (a `/` too): a name stays
     one path segment or one query value."""
     return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in value.encode("utf-8"))
 
