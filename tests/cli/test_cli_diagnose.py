@@ -109,6 +109,28 @@ def test_eval_reports_cases_and_a_summary(tmp_path):
     assert run("eval", str(tmp_path / "corpus"), "--min-right", "2")[0] == 1
 
 
+
+def test_eval_json_counts_per_era_and_accelerator(tmp_path):
+    case = write_bundle(tmp_path / "corpus" / "c1", V1_MAXLEN, make_pod(args=["--model", "m", "--max-model-len", "32768"]))
+    (case / "expected.json").write_text(json.dumps({
+        "cause": "kv-cache-max-model-len", "vllm_version": "0.10.1.1", "accelerator": "nvidia",
+        "levers": [{"kind": "flag", "name": "--max-model-len", "direction": "down"}]}))
+    code, out, _ = run("eval", str(tmp_path / "corpus"), "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["cases"][0]["era"] == "0.7-0.10" and doc["cases"][0]["accelerator"] == "nvidia"
+    assert doc["summary"]["by_era"] == {"0.7-0.10": {"cases": 1, "causes_right": 1, "right_change": 1,
+                                                     "wrong_confident_fixes": 0}}
+    assert list(doc["summary"]["by_accelerator"]) == ["nvidia"]
+
+
+def test_eval_with_a_bad_label_is_one_line(tmp_path):
+    case = write_bundle(tmp_path / "corpus" / "c1", V1_MAXLEN)
+    (case / "expected.json").write_text(json.dumps({"cause": None, "accelerator": "h100"}))
+    code, out, err = run("eval", str(tmp_path / "corpus"))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "c1/expected.json: field `accelerator`" in err and "Traceback" not in err
+
 def test_playbooks_command_lists_causes():
     code, out, _ = run("playbooks")
     assert code == 0
