@@ -6,6 +6,12 @@ one `/bin/sh -c "..."` string, `python -m vllm.entrypoints.openai.api_server --m
 argparse does). Rewriting keeps the manifest's own spelling: an edited flag keeps its
 `=` or space form and its underscores, a shell string stays one string, and duplicates of
 an edited flag collapse to the last one.
+
+Flags can also come from the container's environment: `${VLLM_ARGS}` / `$VLLM_ARGS` unquoted
+in a `sh -c` script (the shell splits the value into words), and Kubernetes' own `$(NAME)`
+(the kubelet puts the value in place: one word in command/args, re-split by a shell script).
+Given the container's env, those flags are read with their values; they are never edited
+inside the variable: a new value goes last on the command line, where argparse lets it win.
 """
 
 from __future__ import annotations
@@ -85,9 +91,10 @@ class Token:
     """One word of the command line and where it sits in the manifest."""
 
     text: str
-    where: str  # "command" | "args"
+    where: str  # "command" | "args" | ENV (a word of an environment variable's value)
     index: int  # index in that list
     span: tuple[int, int] | None = None  # for a shell string: character span inside it
+    anchor: Token | None = None  # for a word out of a variable: the script's word that expands it
 
 
 @dataclass
@@ -97,6 +104,11 @@ class FlagUse:
     value_token: Token | None  # for `--flag value`
     inline_value: str | None  # for `--flag=value`
     spelled: str  # the flag exactly as written
+
+    @property
+    def from_env(self) -> bool:
+        """Read out of an environment variable the command line expands: not editable in place."""
+        return self.flag_token.where == ENV
 
     @property
     def value(self) -> str | None:
@@ -145,6 +157,9 @@ class ParsedCommand:
 
 
 OPERATOR = "\x00"  # marks separator and redirection words, so a quoted "&" stays an argument
+ENV = "env"  # Token.where of a word that came out of an environment variable's value
+# A whole word that is one variable: `${NAME}` or `$NAME` (the shell's), `$(NAME)` (Kubernetes').
+_ENV_REFERENCE = re.compile(r"\$\{(\w+)\}|\$(\w+)|\$\((\w+)\)")
 
 
 def _shell_words(script: str) -> list[tuple[str, tuple[int, int]]]:
@@ -235,9 +250,10 @@ def _locate_shell(command: list[str] | None, args: list[str] | None) -> tuple[st
     return None
 
 
-def parse(command: list[str] | None, args: list[str] | None) -> ParsedCommand:
+def parse(command: list[str] | None, args: list[str] | None, env: dict[str, str] | None = None) -> ParsedCommand:
+    """env: the container's literal environment, to read the flags the command line expands."""
     shell = _locate_shell(command, args)
-    tokens = _tokens(command, args, shell)
+    tokens = _expand_env(_tokens(command, args, shell), command, args, shell, env or {})
     parsed = ParsedCommand(command=command, args=args, entrypoint="unknown", model=None, shell=shell)
     start = _find_vllm_start(tokens, command)
     if start is None:
@@ -251,7 +267,7 @@ def parse(command: list[str] | None, args: list[str] | None) -> ParsedCommand:
         tok = tokens[i]
         if _is_operator(tok):
             break
-        parsed.last_token = tok
+        parsed.last_token = tok.anchor or tok  # new flags go after a word of the manifest, never into a variable
         after = _read_flag(tokens, i, parsed)
         if after is not None:
             i = after
@@ -274,6 +290,38 @@ def _tokens(command: list[str] | None, args: list[str] | None, shell: tuple[str,
             for i, item in enumerate(items or [])]
 
 
+def _expand_env(tokens: list[Token], command: list[str] | None, args: list[str] | None,
+                shell: tuple[str, int] | None, env: dict[str, str]) -> list[Token]:
+    """The words after the kubelet and the shell put in the variables the container defines.
+
+    In a script only an unquoted word that is exactly one reference is expanded (a quoted one
+    stays one word, as the shell keeps it) into its value's words, each anchored to the
+    reference word so appended flags still land after it. In command/args `$(NAME)` is the
+    kubelet's: the value replaces the word in place, as one word."""
+    if not env:
+        return tokens
+    script = None
+    if shell:
+        where, idx = shell
+        script = ((command or []) if where == "command" else (args or []))[idx]
+    expanded: list[Token] = []
+    for tok in tokens:
+        m = _ENV_REFERENCE.fullmatch(tok.text)
+        name = next((g for g in m.groups() if g), None) if m else None
+        if name is None or not env.get(name):  # unset, empty, or from a secret or config map (not read)
+            expanded.append(tok)
+        elif script is None:
+            if m and m.group(3):  # only `$(NAME)` is expanded outside a shell
+                expanded.append(Token(env[name], tok.where, tok.index, tok.span))
+            else:
+                expanded.append(tok)
+        elif tok.span and script[tok.span[0]:tok.span[1]] == tok.text:  # written unquoted
+            expanded.extend(Token(word, ENV, -1, anchor=tok) for word in env[name].split())
+        else:
+            expanded.append(tok)
+    return expanded
+
+
 def _read_flag(tokens: list[Token], i: int, parsed: ParsedCommand) -> int | None:
     """Record the flag at tokens[i] (with its value, if it takes one) and return the index after
     it; None when tokens[i] is not a flag."""
@@ -294,7 +342,7 @@ def _read_flag(tokens: list[Token], i: int, parsed: ParsedCommand) -> int | None
         )
         if takes_value and nxt is not None:
             parsed.flags.append(FlagUse(cname, tok, nxt, None, name))
-            parsed.last_token = nxt
+            parsed.last_token = nxt.anchor or nxt
             return i + 2
         parsed.flags.append(FlagUse(cname, tok, None, None, name))
         return i + 1
@@ -372,8 +420,18 @@ def _plan_flag_change(change: Change, parsed: ParsedCommand, edits: _Edits) -> N
     # flag however the manifest spells it, aliases included.
     matches = (lambda n: n == name) if change.after is None else (lambda n: same_flag(n, name))
     uses = [u for u in parsed.flags if matches(u.name) or (is_boolean(name) and u.name == "--no-" + name[2:])]
-    for use in uses[:-1]:  # duplicates collapse to the last one
-        _remove_use(use, parsed, edits.argv, edits.spans)
+    if uses and uses[-1].from_env:
+        # The value vLLM sees comes out of a variable: the variable is left as it is (other flags
+        # share it) and the new value goes last; a removal cannot be written this way.
+        for use in uses:
+            if not use.from_env:
+                _remove_use(use, parsed, edits.argv, edits.spans)
+        if change.after is not None and not (change.after == "false" and is_boolean(name)):
+            edits.appended.extend([name] if is_boolean(name) and change.after == "true" else [name, change.after])
+        return
+    for use in uses[:-1]:  # duplicates collapse to the last one (a variable's words stay as they are)
+        if not use.from_env:
+            _remove_use(use, parsed, edits.argv, edits.spans)
     if not uses:
         if change.after is None or (change.after == "false" and is_boolean(name)):
             return

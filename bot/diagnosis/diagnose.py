@@ -42,7 +42,8 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
     pod = pod_view(evidence)
     node = node_view(evidence)
     container = pod.container
-    parsed = cmdline.parse(container.command if container else None, container.args if container else None)
+    parsed = cmdline.parse(container.command if container else None, container.args if container else None,
+                           container.env if container else None)
     signals = compute(facts, pod, node, parsed)
     memory = levers.build(facts, signals, parsed, evidence.pod, evidence.node, container.name if container else None,
                           _bundle_config(evidence))

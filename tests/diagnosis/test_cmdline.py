@@ -581,3 +581,61 @@ def test_property_edit_keeps_the_form_of_the_last_occurrence(occ, model, target,
         i = new_args.index(spelled)
         assert new_args[i + 1] == new
     assert q.get(target) == new
+
+
+# Flags in the container's environment, expanded by the shell (${NAME}, $NAME) or the kubelet ($(NAME)).
+
+ENV_ARGS = {"VLLM_ARGS": "--model=/models/m --gpu-memory-utilization=0.4 --max-model-len=512 --enforce-eager"}
+SCRIPT = "python3 -m vllm.entrypoints.openai.api_server --port=5000 ${VLLM_ARGS}"
+
+
+def test_flags_in_a_variable_a_shell_script_expands_are_read():
+    for reference in ("${VLLM_ARGS}", "$VLLM_ARGS"):
+        p = parse(["/bin/sh", "-c"], [SCRIPT.replace("${VLLM_ARGS}", reference)], ENV_ARGS)
+        assert (p.get("--gpu-memory-utilization"), p.get("--max-model-len"), p.get("--enforce-eager")) == ("0.4", "512", "true")
+        assert p.model == "/models/m" and p.get("--port") == "5000"
+
+
+def test_without_the_environment_the_variable_reads_as_nothing_known():
+    p = parse(["/bin/sh", "-c"], [SCRIPT])
+    assert p.get("--gpu-memory-utilization") is None and p.get("--port") == "5000"
+
+
+def test_a_quoted_reference_stays_one_word_as_the_shell_keeps_it():
+    p = parse(["/bin/sh", "-c"], ['python3 -m vllm.entrypoints.openai.api_server "${VLLM_ARGS}"'], ENV_ARGS)
+    assert p.get("--gpu-memory-utilization") is None
+
+
+def test_an_unset_or_empty_variable_is_left_as_written():
+    p = parse(["/bin/sh", "-c"], [SCRIPT], {"OTHER": "--max-model-len 1"})
+    assert p.get("--max-model-len") is None
+    assert parse(["/bin/sh", "-c"], [SCRIPT], {"VLLM_ARGS": ""}).get("--port") == "5000"
+
+
+def test_a_change_to_a_flag_from_a_variable_goes_last_and_leaves_the_variable_alone():
+    p = parse(["/bin/sh", "-c"], [SCRIPT + " && echo done"], ENV_ARGS)
+    command, args = apply_flag_changes(p, [Change(kind="flag", name="--gpu-memory-utilization", before="0.4", after="0.6")])
+    assert command == ["/bin/sh", "-c"]
+    assert args == [SCRIPT + " --gpu-memory-utilization 0.6 && echo done"]
+    assert parse(command, args, ENV_ARGS).get("--gpu-memory-utilization") == "0.6"  # last wins, as in argparse
+
+
+def test_a_written_duplicate_before_the_variable_goes_and_the_new_value_still_wins():
+    script = "vllm serve /models/m --max-model-len 4096 ${VLLM_ARGS}"
+    p = parse(["/bin/sh", "-c"], [script], ENV_ARGS)
+    assert p.get("--max-model-len") == "512"
+    _, args = apply_flag_changes(p, [Change(kind="flag", name="--max-model-len", before="512", after="256")])
+    assert args == ["vllm serve /models/m ${VLLM_ARGS} --max-model-len 256"]
+
+
+def test_a_removal_cannot_reach_into_a_variable():
+    p = parse(["/bin/sh", "-c"], [SCRIPT], ENV_ARGS)
+    assert apply_flag_changes(p, [Change(kind="flag", name="--enforce-eager", before="true", after=None)])[1] == [SCRIPT]
+
+
+def test_a_kubernetes_variable_reference_is_one_word_in_args():
+    p = parse(None, ["--model", "m", "--max-model-len", "$(MAX_LEN)"], {"MAX_LEN": "8192"})
+    assert p.get("--max-model-len") == "8192"
+    _, args = apply_flag_changes(p, [Change(kind="flag", name="--max-model-len", before="8192", after="4096")])
+    assert args == ["--model", "m", "--max-model-len", "4096"]
+    assert parse(None, ["--model", "m", "--max-model-len", "${MAX_LEN}"], {"MAX_LEN": "8192"}).get("--max-model-len") == "${MAX_LEN}"

@@ -284,3 +284,18 @@ def test_checkpoint_mmap_refused_by_the_host_is_host_memory(tmp_path):
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
     assert result.cause == "host-oom-killed"
     assert ("resources", "limits.memory") in changes_of(result)
+
+
+def test_a_flag_set_in_a_variable_the_shell_expands_is_the_value_the_change_starts_from(tmp_path):
+    # V0's refusal with the flags in VLLM_ARGS, expanded by `sh -c` (a common docker-compose port)
+    log = ("ERROR 11-18 18:07:28 engine.py:366] ValueError: No available memory for the cache blocks. "
+           "Try increasing `gpu_memory_utilization` when initializing the engine.\n")
+    pod = make_pod(command=["/bin/sh", "-c"], args=["python3 -m vllm.entrypoints.openai.api_server ${VLLM_ARGS}"],
+                   env={"VLLM_ARGS": "--model=/models/m --gpu-memory-utilization=0.4 --max-model-len=512"})
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node())))
+    assert result.cause == "no-kv-cache-memory"
+    [change] = result.changes
+    assert (change.name, change.before) == ("--gpu-memory-utilization", "0.4")
+    assert float(change.after or 0) > 0.4
+    assert result.command_after == ["/bin/sh", "-c", "python3 -m vllm.entrypoints.openai.api_server ${VLLM_ARGS} "
+                                    f"--gpu-memory-utilization {change.after}"]
