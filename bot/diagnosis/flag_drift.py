@@ -49,6 +49,16 @@ def refused_flags(words: str | None) -> list[str]:
     return out
 
 
+# Flags that guard who may call the server and how: removing one would bring the server up without
+# its API key, TLS or its origin/middleware limits. A refusal of one of them (an older entrypoint
+# such as vllm.entrypoints.api_server never had --api-key) is a wrong entrypoint or image, not a
+# flag to drop; moving the value to a spelling the release accepts keeps the guard, so that stays.
+GUARD_FLAGS = frozenset({
+    "--api-key", "--ssl-keyfile", "--ssl-certfile", "--ssl-ca-certs", "--ssl-cert-reqs", "--enable-ssl-refresh",
+    "--allowed-origins", "--allowed-methods", "--allowed-headers", "--middleware",
+})
+
+
 @dataclass(frozen=True)
 class FlagFix:
     """What to do with one refused flag: remove it, or move its value to `spelling`."""
@@ -95,6 +105,10 @@ def plan_flag_fixes(cmd: ParsedCommand, refused: list[str], running: RunningVers
         value = cmd.get(flag)
         if spelling is not None and is_boolean(flag) != is_boolean(spelling):
             spelling = None  # a switch renamed to a valued flag (or back): the value cannot be carried over
+        if flag in GUARD_FLAGS and spelling is None:
+            skipped.append(f"{flag} guards the server (who may call it, or its TLS): removing it would serve without "
+                           "that guard, so it is not removed; run an image or entrypoint that accepts it")
+            continue
         fixes.append(FlagFix(flag, verdict, value, spelling))
     return fixes, skipped
 

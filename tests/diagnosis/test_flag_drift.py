@@ -269,3 +269,28 @@ def test_check_release_names_removed_renamed_and_twin_flags():
     assert not by_flag["--max-model-len"].refused and not by_flag["--no-enable-prefix-caching"].refused
     twin = {c.spelled: c for c in check_release([("vllm", cmd)], "0.33.0")}["--disable-log-requests"]
     assert not twin.refused and "--enable-log-requests" in twin.note
+
+
+@pytest.mark.parametrize("guard", ["--api-key", "--ssl-keyfile", "--allowed-origins", "--middleware"])
+def test_a_refused_guard_flag_is_never_removed(guard, tmp_path):
+    """vLLM 0.3's demo entrypoint (vllm.entrypoints.api_server) refuses --api-key: dropping it would
+    serve the model to anyone. The refusal names a wrong entrypoint, not a flag to remove; the other
+    refused flags are still removed."""
+    script = f"exec python3 -m vllm.entrypoints.api_server --model {MODEL} {guard} s3cr3t-value --swap-space 4"
+    pod = make_pod(command=["/bin/sh", "-c", script], exit_code=2)
+    pod["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.3.3"
+    log = f"api_server.py: error: unrecognized arguments: {guard} s3cr3t-value --swap-space 4\n"
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod=pod, node=make_node())), PLAYBOOKS)
+    assert result.cause == "unrecognized-flag"
+    assert [c.name for c in result.changes] == ["--swap-space"]
+    assert f"{guard} guards the server" in result.explanation
+
+
+def test_a_refused_api_key_alone_changes_nothing(tmp_path):
+    pod = make_pod(command=["python3", "-m", "vllm.entrypoints.api_server"],
+                   args=["--model", MODEL, "--api-key", "k"], exit_code=2)
+    pod["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.3.3"
+    log = "api_server.py: error: unrecognized arguments: --api-key k\n"
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod=pod, node=make_node())), PLAYBOOKS)
+    assert result.cause == "unrecognized-flag" and result.changes == []
+    assert "not removed" in result.explanation
