@@ -201,7 +201,8 @@ def _first_fix(book: Playbook, ctx: Context) -> FixResult:
             try:
                 result = run_formula(spec.value, ctx, Target(spec.kind, device_target(ctx, spec.kind, spec.name)), spec.params)
             except NoSafeChange as exc:
-                reasons.append(str(exc))
+                if str(exc) not in reasons:  # two fixes refused for one reason say it once
+                    reasons.append(str(exc))
                 advice = advice or exc.advice
                 break
             except (ArithmeticError, ValueError, TypeError, KeyError) as exc:

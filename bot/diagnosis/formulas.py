@@ -291,6 +291,24 @@ def _shared_advice(model: MemoryModel) -> list[Advice]:
                    text="a pre-quantized (AWQ/GPTQ 4-bit) variant of the model needs about a third of the memory")]
 
 
+def graph_outgrows_steps(ctx: Context, util: float, total: float | None, cap: float = 0.95) -> None:
+    """Refuse the guessed KV-room steps when the log names a CUDA-graph estimate they are not shown to outgrow.
+
+    Without a breakdown, raising the utilization one step or shrinking the profiling batch is a guess; an
+    estimate at least as large as all the utilization step could add (or on a card of unknown size) is the
+    one consumer the log names, so neither guess is shown to leave room for the KV cache."""
+    graph = ctx.signals.get("graph_gib")
+    if graph is None or (total and graph < (max(cap, util) - util) * total):
+        return
+    adds = f" (raising it to {cap} adds {gib((max(cap, util) - util) * total)})" if total else ""
+    raise NoSafeChange(
+        f"vLLM counted {gib(graph)} of estimated CUDA-graph memory inside the --gpu-memory-utilization budget and "
+        f"logged no breakdown of the rest, so neither a higher utilization nor a smaller profiling batch is shown to "
+        f"leave room for the KV cache{adds}. Smaller graphs free that memory (--enforce-eager, or fewer cudagraph "
+        f"capture sizes); VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 takes the estimate out of the budget, with a "
+        f"lower --gpu-memory-utilization to leave the graphs room, as vLLM's own warning says.")
+
+
 @formula
 def utilization_raise_for_kv(ctx: Context, *, cap: float = 0.95) -> Computed | None:
     """Give the KV cache room: from the profiling breakdown when the log has it, else one step (never above `cap`)."""
@@ -309,14 +327,21 @@ def utilization_raise_for_kv(ctx: Context, *, cap: float = 0.95) -> Computed | N
         if util < new <= cap:
             return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".")
         return None  # more than the card can give: another fix
+    # A graph figure in a log that stopped at KV sizing is the start-up estimate ("Estimated CUDA graph
+    # memory", 0.18+; graphs are captured only after the KV cache is allocated), which vLLM counts inside
+    # the budget (by default since 0.21), so it belongs with the weights and activations.
+    graph = s.get("graph_gib")
     if total and weights is not None and act is not None:
         need_kv = max(1.0, s.get("kv_needed_gib") or 1.0)
-        need = weights + act + (non_torch or 0.0) + need_kv
+        need = weights + act + (non_torch or 0.0) + (graph or 0.0) + need_kv
         new = math.ceil(need / total * 100) / 100 + 0.02
-        text = (f"weights {gib(weights)} + activations {gib(act)} + non-torch {gib(non_torch or 0)} + at least "
+        graphs = f" + CUDA-graph estimate {gib(graph)}" if graph else ""
+        text = (f"weights {gib(weights)} + activations {gib(act)} + non-torch {gib(non_torch or 0)}{graphs} + at least "
                 f"{gib(need_kv)} of KV cache = {gib(need)} of {gib(total)} = {need / total:.3f}, plus 0.02 headroom")
         if util < new <= cap:
             return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".")
+    else:
+        graph_outgrows_steps(ctx, util, total, cap)
     if util < 0.85:
         new, why = 0.90, f"{util} leaves too little after weights and activations; 0.90 is vLLM's long-standing default"
     elif util < cap - 0.005:
@@ -476,6 +501,9 @@ def profile_max_num_batched_tokens(ctx: Context) -> Computed | None:
     if v0 and current is None:
         return None  # V0 batches max(max_model_len, 2048): --max-model-len is the lever there
     total = ctx.signals.get("gpu_total_gib") or 0
+    if ctx.signals.get("activation_gib") is None:
+        util, _ = current_utilization(ctx)
+        graph_outgrows_steps(ctx, util, total or ctx.signals.get("total_gpu_gib"))
     base = current or (8192 if total >= 70 else 2048)
     ratio, why = _shrink_ratio(ctx)
     new = max(256, floor_pow2(base * ratio))

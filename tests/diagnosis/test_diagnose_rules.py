@@ -299,3 +299,35 @@ def test_a_flag_set_in_a_variable_the_shell_expands_is_the_value_the_change_star
     assert float(change.after or 0) > 0.4
     assert result.command_after == ["/bin/sh", "-c", "python3 -m vllm.entrypoints.openai.api_server ${VLLM_ARGS} "
                                     f"--gpu-memory-utilization {change.after}"]
+
+
+# vLLM 0.18+ logs "Estimated CUDA graph memory: %.2f GiB total" (gpu_model_runner) and, by default since 0.21,
+# counts that estimate inside the --gpu-memory-utilization budget before it sizes the KV cache.
+_GRAPH_ESTIMATE = ("(Worker_TP0 pid=7) INFO 08-19 05:56:57 [gpu_model_runner.py:6936] Estimated CUDA graph memory: "
+                   "{gib:.2f} GiB total\n")
+_NO_KV = ("(EngineCore_DP0 pid=3) ERROR 08-19 05:56:57 [core.py:1346] ValueError: No available memory for the cache "
+          "blocks. Try increasing `gpu_memory_utilization` when initializing the engine (this flag also controls CPU "
+          "memory reservation on the CPU backend, despite its name).\n")
+
+
+def test_no_kv_memory_under_a_graph_estimate_larger_than_any_step_proposes_nothing(tmp_path):
+    """30 GiB of estimated graphs on an 80 GB card: 0.9 -> 0.95 adds ~4 GiB, so neither guessed step is shown to work."""
+    log = _GRAPH_ESTIMATE.format(gib=30.0) + _NO_KV
+    pod = make_pod(args=["--model", "my-org/in-house", "--tensor-parallel-size", "2"], gpus="2")
+    node = make_node(product="NVIDIA-H100-80GB-HBM3", memory_mib=81559, count=2)
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, node)))
+    assert result.cause == "no-kv-cache-memory"
+    assert result.changes == []
+    assert "30.00 GiB of estimated CUDA-graph memory" in result.explanation
+    assert "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0" in result.explanation
+    assert result.explanation.count("estimated CUDA-graph memory") == 1  # both refused fixes say it once
+
+
+def test_no_kv_memory_beside_a_small_graph_estimate_still_raises_the_utilization(tmp_path):
+    """Half a GiB of graphs is less than the ~4 GiB the step adds on an 80 GB card: the step stays."""
+    log = _GRAPH_ESTIMATE.format(gib=0.5) + _NO_KV
+    pod = make_pod(args=["--model", "my-org/in-house", "--tensor-parallel-size", "2"], gpus="2")
+    node = make_node(product="NVIDIA-H100-80GB-HBM3", memory_mib=81559, count=2)
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, node)))
+    assert result.cause == "no-kv-cache-memory"
+    assert changes_of(result) == {("flag", "--gpu-memory-utilization"): ("0.9", "0.95")}
