@@ -77,6 +77,7 @@ class CaseResult(BaseModel):
     lever_pulled: bool | None  # None when no lever is expected, or no change is offered (refused)
     right_change: bool  # the cause is right and so is what was proposed (a labelled lever, or no change)
     wrong_fix: bool
+    unknown_acceptable: bool = False  # "unknown" where the label says the decisive line is not in the log
     era: str = UNKNOWN
     accelerator: str = UNKNOWN
     note: str = ""
@@ -146,10 +147,11 @@ def score_case(folder: Path, playbooks: Any = None) -> CaseResult:
         right_change = cause_right and lever
     else:  # a null label, a label with no levers, or a refusal: right only when nothing was proposed
         right_change = cause_right and not changes and not refused
-    if got is None and expected.cause is not None and not expected.evidence_in_log:
+    unknown_acceptable = got is None and expected.cause is not None and not expected.evidence_in_log
+    if unknown_acceptable:
         note = note or "unknown (decisive line outside the log window: acceptable)"
     return CaseResult(case=folder.name, expected=expected.cause, got=got, cause_right=cause_right,
-                      lever_pulled=lever, right_change=right_change, wrong_fix=wrong_fix,
+                      lever_pulled=lever, right_change=right_change, wrong_fix=wrong_fix, unknown_acceptable=unknown_acceptable,
                       era=era_of(expected.vllm_version), accelerator=expected.accelerator or UNKNOWN, note=note)
 
 
@@ -193,7 +195,9 @@ def format_report(results: list[CaseResult], summary: dict[str, Any]) -> str:
     lines = []
     for r in results:
         mark = "ok " if r.cause_right and r.lever_pulled is not False else "BAD"
-        lever = "" if r.lever_pulled is None else (" lever ok" if r.lever_pulled else " lever MISSING")
+        if r.unknown_acceptable:
+            mark = "-- "  # not right, not wrong: the log holds no decisive line
+        lever = "" if r.lever_pulled is None or r.unknown_acceptable else (" lever ok" if r.lever_pulled else " lever MISSING")
         lines.append(f"{mark} {r.case:<24} expected {str(r.expected):<28} got {str(r.got):<28}{lever}"
                      f"{' WRONG FIX' if r.wrong_fix else ''}{' - ' + r.note if r.note else ''}")
     for title, groups in (("vLLM era", summary["by_era"]), ("accelerator", summary["by_accelerator"])):

@@ -109,3 +109,13 @@ def test_expected_json_that_is_not_json_is_one_line(tmp_path):
     (case / "expected.json").write_text("{cause: nope")
     with pytest.raises(BundleError, match="expected.json: not JSON"):
         score_case(case)
+
+
+def test_an_unknown_where_the_log_lacks_the_decisive_line_is_shown_apart(tmp_path):
+    labelled(tmp_path / "cut", NOT_MEMORY, {"cause": "shm-too-small", "levers": [], "evidence_in_log": False})
+    labelled(tmp_path / "kept", NOT_MEMORY, {"cause": "shm-too-small", "levers": []})
+    results, summary = evaluate(tmp_path)
+    lines = format_report(results, summary).splitlines()
+    assert lines[0].startswith("--  cut") and "acceptable" in lines[0]
+    assert lines[1].startswith("BAD kept")
+    assert [r.unknown_acceptable for r in results] == [True, False]
