@@ -27,6 +27,7 @@ VENDORS: dict[str, tuple[str, dict[str, str]]] = {
     "intel-i915": ("gpu.intel.com/i915", {}),
     "ascend": ("huawei.com/Ascend910", {"accelerator": "huawei-Ascend910"}),
     "tpu": ("google.com/tpu", {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice"}),
+    "gaudi": ("habana.ai/gaudi", {}),  # Intel Gaudi's device plugin writes no product label
 }
 
 
@@ -79,6 +80,18 @@ def test_multi_device_amd_node_gets_more_amd_gpus_never_nvidias(tmp_path):
     assert result.cause == "weights-exceed-gpu"
     assert tp_after(result) in (2, 4)
     assert set(device_changes(result)) == {"limits.amd.com/gpu"}
+
+
+def test_a_gaudi_pod_is_never_sent_nvidia_gpus_nor_more_cards_than_its_node_has(tmp_path):
+    # habana.ai/gaudi used to be no known device: the bot proposed TP 4 with limits.nvidia.com/gpu
+    # on a one-card Gaudi node
+    one = diagnose(load_bundle(write_bundle(tmp_path / "one", WEIGHTS_OOM, vendor_pod("habana.ai/gaudi"),
+                                            vendor_node("habana.ai/gaudi", {}, 1))))
+    assert tp_after(one) is None and not device_changes(one)
+    eight = diagnose(load_bundle(write_bundle(tmp_path / "eight", WEIGHTS_OOM, vendor_pod("habana.ai/gaudi"),
+                                              vendor_node("habana.ai/gaudi", {}, 8))))
+    assert set(device_changes(eight)) == {"limits.habana.ai/gaudi"}
+    assert tp_after(eight) is not None and tp_after(eight) <= 8
 
 
 def test_gke_time_sharing_one_t4_gets_no_tensor_parallel(tmp_path):
