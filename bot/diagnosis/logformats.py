@@ -725,6 +725,19 @@ FORMATS: tuple[LogFormat, ...] = (
         versions="0.9.1-0.33.0 (V1; device name printed from 0.14.1)",
         source="vllm/v1/worker/gpu_worker.py init_device (0.9.1-0.13.0), vllm/v1/worker/utils.py request_memory (0.14.1+)"),
     LogFormat(
+        # the same start-up check reworded by a downstream build: the free memory against
+        # utilization x total, with the same numbers in the same order
+        "free_check_available_wording",
+        r"Available memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) is below required GPU memory utilization "
+        r"\(([\d.]+), ([\d.]+) GiB\)",
+        literals=("is below required GPU memory utilization",),
+        puts=(number(0, "free_at_start_gib"), number(1, "total_gpu_gib"), number(2, "gpu_memory_utilization"),
+              number(3, "requested_gib"), flag("free_memory_check_failed")),
+        marks="startup", wrappable=True,
+        versions="not in upstream 0.16.0 or 0.17.0 (read: both say 'Free memory on device ... is less than desired'); "
+                 "seen in a 2026-02 ROCm gfx1151 (TheRock) build's log, raised from v1 core start-up",
+        source="a downstream rewording of vllm/v1/worker/utils.py request_memory"),
+    LogFormat(
         "external_weights_exceed",
         r"Externally held weights on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) exceed the desired GPU memory "
         r"utilization \(([\d.]+), ([\d.]+) GiB\)",

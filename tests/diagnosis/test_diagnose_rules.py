@@ -59,6 +59,16 @@ def test_a_busy_gpu_gets_the_value_and_an_honest_caution(tmp_path):
     assert "Caution:" in result.explanation and "free this GPU" in result.explanation
 
 
+def test_the_reworded_free_memory_check_is_the_same_busy_gpu(tmp_path):
+    # a downstream build words vLLM's start-up check "Available memory ... is below required ..."
+    log = ("(EngineCore_DP0 pid=7) ERROR 02-10 09:00:00 [core.py:900] ValueError: Available memory on device cuda:0 "
+           "(1.53/22.05 GiB) is below required GPU memory utilization (0.9, 19.85 GiB). Reduce GPU memory utilization "
+           "or decrease GPU memory used by other processes.\n")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, make_pod(args=["--model", "my-org/in-house"]))))
+    assert result.cause == "shared-gpu-free-memory"
+    assert changes_of(result) == {("flag", "--gpu-memory-utilization"): ("0.9", "0.06")}
+
+
 def test_a_busy_gpu_that_cannot_hold_the_weights_gets_no_change_and_advice(tmp_path):
     """Issue 12: 0.06 x 22.05 GiB cannot hold Llama-3.1-8B's ~15 GiB, so no button, the numbers, and advice."""
     log = ("(EngineCore pid=5) ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than desired "

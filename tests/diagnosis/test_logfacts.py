@@ -56,6 +56,10 @@ def facts_of(text: str):
      {"free_at_start_gib": 31.44, "total_gpu_gib": 47.38, "gpu_memory_utilization": 0.95, "requested_gib": 45.01}),
     ("(EngineCore pid=79) ValueError: Free memory on device cuda:0 (22.76/24.0 GiB) on startup is less than desired GPU memory utilization (0.97, 23.28 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
      {"free_at_start_gib": 22.76, "requested_gib": 23.28}),
+    # the same check reworded by a downstream ROCm build
+    ("(EngineCore_DP0 pid=12) ERROR 02-10 09:00:00 [core.py:900] ValueError: Available memory on device cuda:0 (40.5/96.0 GiB) is below required GPU memory utilization (0.9, 86.4 GiB). Reduce GPU memory utilization or decrease GPU memory used by other processes.",
+     {"free_at_start_gib": 40.5, "total_gpu_gib": 96.0, "gpu_memory_utilization": 0.9, "requested_gib": 86.4,
+      "free_memory_check_failed": True}),
     # sampler warm-up
     ("RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.",
      {"sampler_oom_requests": 1024}),
