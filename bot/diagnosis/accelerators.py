@@ -28,9 +28,14 @@ class Vendor:
     replicas_labels: tuple[str, ...] = ()
     products: tuple[tuple[str, float], ...] = field(default=())
     alloc_env: str | None = None  # the allocator's configuration variable (expandable segments)
+    slice_patterns: tuple[re.Pattern[str], ...] = ()  # a part of one card each (Ascend vNPU)
 
     def owns(self, resource: str) -> bool:
-        return resource in self.resources or any(p.fullmatch(resource) for p in self.resource_patterns)
+        return (resource in self.resources or any(p.fullmatch(resource) for p in self.resource_patterns)
+                or self.is_slice(resource))
+
+    def is_slice(self, resource: str) -> bool:
+        return any(p.fullmatch(resource) for p in self.slice_patterns)
 
     def first_label(self, labels: dict[str, str], keys: tuple[str, ...]) -> str | None:
         return next((labels[k] for k in keys if labels.get(k)), None)
@@ -69,7 +74,8 @@ def _vendor(raw: dict[str, Any]) -> Vendor:
         fp8=str(raw.get("fp8")), strategy_labels=tuple(sharing.get("strategy_labels") or ()),
         not_shared=tuple(str(v) for v in sharing.get("not_shared") or ()),
         replicas_labels=tuple(sharing.get("replicas_labels") or ()), products=tuple(products),
-        alloc_env=raw.get("alloc_env"))
+        alloc_env=raw.get("alloc_env"),
+        slice_patterns=tuple(re.compile(p) for p in raw.get("slice_patterns") or ()))
 
 
 @cache
@@ -106,7 +112,7 @@ def pod_device_resource(limits: dict[str, Any]) -> tuple[str | None, int]:
         for name in v.resources:
             if name in found:
                 return name, found[name]
-        patterned = sorted(n for n in found if any(p.fullmatch(n) for p in v.resource_patterns))
+        patterned = sorted(n for n in found if any(p.fullmatch(n) for p in v.resource_patterns) or v.is_slice(n))
         if patterned:
             return patterned[0], found[patterned[0]]
     return None, 0

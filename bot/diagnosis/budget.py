@@ -575,9 +575,8 @@ def _topology_checks(b: Budget, config: Config) -> list[StageCheck]:
         checks.append(StageCheck(stage="startup", ok=spec.attention_heads % config.tensor_parallel_size == 0,
                                  detail=f"{spec.attention_heads} attention heads over TP {config.tensor_parallel_size}"))
     if grant is not None and world > 1 and not grant.can_tensor_parallel:
-        what = f"MIG {grant.mig_profile} slices" if grant.mig_profile else "time-sliced replicas of one GPU"
         checks.append(StageCheck(stage="nccl_init", ok=False,
-                                 detail=f"{world} ranks cannot run across {what}: CUDA and NCCL need whole GPUs"))
+                                 detail=f"{world} ranks cannot run across {grant.no_tensor_parallel_reason()}"))
     return checks
 
 

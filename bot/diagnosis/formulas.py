@@ -643,8 +643,7 @@ def _no_tensor_parallel_here(ctx: Context) -> str | None:
     grant = ctx.memory.grant if ctx.memory is not None else None
     if grant is None or grant.can_tensor_parallel:
         return None
-    what = f"MIG {grant.mig_profile} slices" if grant.mig_profile else "time-sliced replicas of one GPU"
-    return f"tensor parallelism cannot run across {what}: CUDA and NCCL need whole GPUs"
+    return f"tensor parallelism cannot run across {grant.no_tensor_parallel_reason()}"
 
 
 @formula

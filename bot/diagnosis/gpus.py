@@ -46,6 +46,7 @@ class GpuGrant(Frozen):
     memory_gib: float | None = None
     memory_source: MemorySource = "unknown"
     mig_profile: str | None = None  # "1g.10gb" when the device is a MIG slice
+    virtual_device: str | None = None  # "Ascend910-8c" when the device is a vendor's slice of one card (vNPU)
     mig_strategy: str | None = None  # "single" | "mixed" | None
     shared: bool = False  # time-sliced or MPS: other pods may use the same device
     sharing_strategy: str | None = None
@@ -55,7 +56,7 @@ class GpuGrant(Frozen):
 
     @property
     def whole_card(self) -> bool:
-        return self.mig_profile is None
+        return self.mig_profile is None and self.virtual_device is None
 
     @property
     def exclusive(self) -> bool:
@@ -68,8 +69,17 @@ class GpuGrant(Frozen):
 
     @property
     def can_tensor_parallel(self) -> bool:
-        """CUDA and NCCL cannot run one model across MIG slices, nor across replicas of one card."""
+        """CUDA and NCCL cannot run one model across MIG slices, nor across replicas of one card;
+        Ascend gives a pod one vNPU at most, so neither can HCCL across vNPUs."""
         return self.whole_card and not self.shared
+
+    def no_tensor_parallel_reason(self) -> str:
+        """Why no model spans these devices, when can_tensor_parallel is False."""
+        if self.mig_profile:
+            return f"MIG {self.mig_profile} slices: CUDA and NCCL need whole GPUs"
+        if self.virtual_device:
+            return f"{self.virtual_device} virtual NPUs: each is a slice of one card, and a pod gets one at most"
+        return "time-sliced replicas of one GPU: CUDA and NCCL need whole GPUs"
 
     def describe(self) -> str:
         """'1 of 8 x NVIDIA-H100-80GB-HBM3 (79.65 GiB)', '1 MIG 1g.10gb slice of NVIDIA-A100-SXM4-80GB (9.5 GiB)'."""
@@ -78,6 +88,9 @@ class GpuGrant(Frozen):
         if self.mig_profile:
             of = f" of {self.on_node}" if self.on_node else ""
             text = f"{self.granted}{of} MIG {self.mig_profile} slice{'s' if self.granted != 1 else ''} of {kind}{memory}"
+        elif self.virtual_device:
+            of = f" of {self.on_node}" if self.on_node else ""
+            text = f"{self.granted}{of} virtual NPU {self.virtual_device} (a slice of one {kind}){memory}"
         else:
             of = f" of {self.cards_on_node} x" if self.cards_on_node else " x"
             text = f"{self.granted}{of} {kind}{memory}"
@@ -279,14 +292,19 @@ def _vendor_grant(vendor: accelerators.Vendor, resource: str | None, labels: dic
                   allocatable: dict[str, Any], granted: int) -> GpuGrant:
     """AMD, Intel, Ascend, TPU: product and memory from the vendor's labels, else its catalogue."""
     product = vendor.first_label(labels, vendor.product_labels)
+    virtual = resource.rpartition("/")[2] if resource and vendor.is_slice(resource) else None
     if product is None and resource and vendor.resource_patterns:
-        product = resource.rpartition("/")[2]  # huawei.com/Ascend910 names the chip itself
+        # huawei.com/Ascend910 names the chip itself; huawei.com/Ascend910-8c a vNPU of one
+        product = virtual.partition("-")[0] if virtual else resource.rpartition("/")[2]
     memory: float | None = vendor.memory_gib(labels)
     source: MemorySource = "node label" if memory else "unknown"
-    if memory is None:
+    if virtual:  # a vNPU holds a part of the card: the card's labels and catalogue overstate it
+        memory, source = None, "unknown"
+    elif memory is None:
         memory = vendor.catalogue_gib(product)
         source = "catalogue" if memory else "unknown"
     on_node = accelerators.node_devices(allocatable, resource)
     cards = _count(vendor.first_label(labels, vendor.count_labels)) or on_node
     return GpuGrant(vendor=vendor.vendor, resource=resource if granted else None, granted=granted, on_node=on_node,
-                    cards_on_node=cards, product=product, memory_gib=memory, memory_source=source)
+                    cards_on_node=cards, product=product, memory_gib=memory, memory_source=source,
+                    virtual_device=virtual)

@@ -265,7 +265,7 @@ def advice_for_weights(model: MemoryModel, node_gpus: int | None) -> list[Advice
         total = weights[0]
         card = model.budget.capacity.value if model.budget.capacity is not None else None
         items.append(Advice(kind=AdviceKind.NOTE, text=f"the weights are about {total:.1f} GiB in all ({weights[1]})"))
-        if card and not grant.mig_profile:  # TP cannot span MIG slices: more slices never help
+        if card and grant.whole_card:  # TP cannot span MIG slices or vNPUs: more slices never help
             items.append(_more_devices(total, card))
         items += _instance_advice(total)
         items.append(_quantized_advice(model, total))
@@ -273,7 +273,11 @@ def advice_for_weights(model: MemoryModel, node_gpus: int | None) -> list[Advice
         items.append(Advice(kind=AdviceKind.LARGER_SLICE,
                             text=f"a larger MIG profile than {grant.mig_profile} (or a whole GPU) gives one device "
                                  f"more memory; TP cannot span MIG slices"))
-    if node_gpus is not None and not grant.mig_profile:
+    if grant.virtual_device:
+        items.append(Advice(kind=AdviceKind.LARGER_SLICE,
+                            text=f"a larger vNPU template than {grant.virtual_device} (or a whole "
+                                 f"{grant.product or 'card'}) gives the pod more device memory; a pod gets one vNPU"))
+    if node_gpus is not None and grant.whole_card:
         items.append(Advice(kind=AdviceKind.NOTE, text=f"this node has {node_gpus} GPU(s)"))
     return items
 

@@ -94,6 +94,27 @@ def test_a_gaudi_pod_is_never_sent_nvidia_gpus_nor_more_cards_than_its_node_has(
     assert tp_after(eight) is not None and tp_after(eight) <= 8
 
 
+@pytest.mark.parametrize("vnpu", ["huawei.com/Ascend910-8c", "huawei.com/Ascend310P-4c.3cpu.ndvpp"])
+def test_an_ascend_vnpu_pod_gets_no_nvidia_gpus_no_tensor_parallel_nor_a_whole_cards_memory(tmp_path, vnpu):
+    # a vNPU (the Ascend Device Plugin's virtual instance) is a slice of one card, one per pod; it
+    # used to be no known device, so a weights OOM got TP with limits.nvidia.com/gpu
+    node = vendor_node(vnpu, {}, 4)
+    grant = gpu_grant(vendor_pod(vnpu, 1), node)
+    virtual = vnpu.rpartition("/")[2]
+    assert (grant.vendor, grant.resource, grant.virtual_device) == ("ascend", vnpu, virtual)
+    assert grant.product == virtual.partition("-")[0]
+    assert grant.memory_gib is None  # a part of the card: the card's catalogue memory would overstate it
+    assert not grant.can_tensor_parallel and "virtual NPU" in grant.describe()
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", WEIGHTS_OOM, vendor_pod(vnpu), node)))
+    assert tp_after(result) is None
+    assert not device_changes(result)
+
+
+def test_a_whole_ascend_card_is_no_vnpu():
+    grant = gpu_grant(vendor_pod("huawei.com/Ascend910", 2), vendor_node("huawei.com/Ascend910", {}, 8))
+    assert grant.virtual_device is None and grant.can_tensor_parallel and grant.memory_gib == 32.0
+
+
 def test_gke_time_sharing_one_t4_gets_no_tensor_parallel(tmp_path):
     labels = {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4", "cloud.google.com/gke-gpu-sharing-strategy":
               "time-sharing", "cloud.google.com/gke-max-shared-clients-per-gpu": "4"}
