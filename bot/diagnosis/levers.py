@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.diagnosis import instances
+from bot.diagnosis import accelerators, instances
 from bot.diagnosis.budget import BudgetInputs, Config, Fit, LogFigures, build_budget
 from bot.diagnosis.catalogue import ModelSpec, resolve_model
 from bot.diagnosis.cmdline import ParsedCommand
@@ -266,8 +266,9 @@ def advice_for_weights(model: MemoryModel, node_gpus: int | None) -> list[Advice
         card = model.budget.capacity.value if model.budget.capacity is not None else None
         items.append(Advice(kind=AdviceKind.NOTE, text=f"the weights are about {total:.1f} GiB in all ({weights[1]})"))
         if card and grant.whole_card:  # TP cannot span MIG slices or vNPUs: more slices never help
-            items.append(_more_devices(total, card))
-        items += _instance_advice(total)
+            items.append(_more_devices(total, card, grant))
+        if grant.vendor in (None, "nvidia"):  # the instance catalogue is NVIDIA's: another vendor's
+            items += _instance_advice(total)   # pod would need another image, not a node selector
         items.append(_quantized_advice(model, total))
     if grant.mig_profile:
         items.append(Advice(kind=AdviceKind.LARGER_SLICE,
@@ -282,17 +283,27 @@ def advice_for_weights(model: MemoryModel, node_gpus: int | None) -> list[Advice
     return items
 
 
-def _more_devices(total: float, card: float) -> Advice:
+def _more_devices(total: float, card: float, grant: GpuGrant) -> Advice:
+    """More of the pod's own devices (amd.com/gpu stays amd.com/gpu), selected by its vendor's
+    device-count label where the vendor writes one."""
     need = 1
     while need < 64 and total / need > 0.8 * card:
         need *= 2
+    resource = _device_resource(grant)
+    vendor = accelerators.vendor_of(resource)
+    count_label = vendor.count_labels[0] if vendor is not None and vendor.count_labels else None
+    where = (f"a node pool that has {need}: a nodeSelector on {count_label} (or a Karpenter NodePool requirement) "
+             f"gets one" if count_label else f"a node that has {need}")
     return Advice(kind=AdviceKind.MORE_DEVICES,
-                  text=f"{need} of these {card:.0f} GiB GPUs would hold them (TP {need}, limits.nvidia.com/gpu: {need}) "
-                       f"on a node pool that has {need}: a nodeSelector on nvidia.com/gpu.count "
-                       f"(or a Karpenter NodePool requirement) gets one",
+                  text=f"{need} of these {card:.0f} GiB devices would hold them (TP {need}, limits.{resource}: {need}) "
+                       f"on {where}",
                   changes=[Change(kind="flag", name="--tensor-parallel-size", after=str(need)),
-                           Change(kind="resources", name="limits.nvidia.com/gpu", after=str(need))],
-                  yaml=f"nodeSelector:\n  nvidia.com/gpu.count: \"{need}\"")
+                           Change(kind="resources", name=f"limits.{resource}", after=str(need))],
+                  yaml=f"nodeSelector:\n  {count_label}: \"{need}\"" if count_label else None)
+
+
+def _device_resource(grant: GpuGrant) -> str:
+    return grant.resource or "nvidia.com/gpu"
 
 
 def _instance_advice(total: float) -> list[Advice]:
@@ -333,7 +344,7 @@ def what_fits(model: MemoryModel) -> list[tuple[str, Fit]]:
         pp, node = config.pipeline_parallel_size, model.grant.on_node or 8
         tp = 1
         while tp * pp <= min(node, 8):
-            rows.append((f"TP {tp}, limits.nvidia.com/gpu {tp * pp}",
+            rows.append((f"TP {tp}, limits.{_device_resource(model.grant)} {tp * pp}",
                          model.budget.fits(revised(config, tensor_parallel_size=tp, gpu_count=tp * pp))))
             tp *= 2
         return rows

@@ -11,6 +11,7 @@ from builders import make_node, make_pod, write_bundle
 from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.evidence import load_bundle
 from bot.diagnosis.gpus import gpu_grant
+from bot.diagnosis.models import AdviceKind
 from bot.diagnosis.playbooks import load_playbooks
 
 # weights that cannot fit one 80 GB device: the fix is TP over more devices, when the node has them
@@ -113,6 +114,30 @@ def test_an_ascend_vnpu_pod_gets_no_nvidia_gpus_no_tensor_parallel_nor_a_whole_c
 def test_a_whole_ascend_card_is_no_vnpu():
     grant = gpu_grant(vendor_pod("huawei.com/Ascend910", 2), vendor_node("huawei.com/Ascend910", {}, 8))
     assert grant.virtual_device is None and grant.can_tensor_parallel and grant.memory_gib == 32.0
+
+
+# Qwen3-32B (61 GiB of bf16 weights, in the model catalogue) out of memory loading on one 32 GiB device
+QWEN3_32B_WEIGHTS_OOM = (
+    '  File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/models/qwen3.py", line 300, in __init__\n'
+    "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 250.00 MiB. GPU 0 has a total capacity of "
+    "31.98 GiB of which 136.00 MiB is free. Of the allocated memory 31.61 GiB is allocated by PyTorch, and "
+    "1.21 MiB is reserved by PyTorch but unallocated.\n")
+
+
+@pytest.mark.parametrize("vendor", ["amd", "ascend", "gaudi"])
+def test_advice_for_more_devices_names_the_pods_own_device_and_no_nvidia_machines(tmp_path, vendor):
+    # advice is not approvable, but "limits.nvidia.com/gpu: 4, nodeSelector nvidia.com/gpu.count"
+    # and NVIDIA instance types were what an AMD or Ascend pod was told to do
+    resource, labels = VENDORS[vendor]
+    pod = make_pod(command=["vllm", "serve", "Qwen/Qwen3-32B"], args=[])
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "1", "memory": "64Gi"}}
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", QWEN3_32B_WEIGHTS_OOM, pod,
+                                               vendor_node(resource, labels, 1))))
+    assert result.cause == "weights-exceed-gpu" and result.changes == []
+    more = next(a for a in result.advice if a.kind == AdviceKind.MORE_DEVICES)
+    assert {c.name for c in more.changes} == {"--tensor-parallel-size", f"limits.{resource}"}
+    assert "nvidia" not in more.text + (more.yaml or "")
+    assert not [a for a in result.advice if a.kind == AdviceKind.INSTANCE_TYPE]
 
 
 def test_gke_time_sharing_one_t4_gets_no_tensor_parallel(tmp_path):
