@@ -92,6 +92,27 @@ def is_device_resource(resource: str) -> bool:
     return vendor_of(resource) is not None
 
 
+# Extended resources that are not accelerators: a pod may ask for them beside (or without) a device.
+_NOT_DEVICES = ("hugepages-", "kubernetes.io/", "rdma/", "smarter-devices/", "squat.ai/", "github.com/fuse")
+
+
+def unknown_devices(limits: dict[str, Any]) -> list[str]:
+    """Extended resources (vendor.example/name) a container asks for that the data names neither as
+    a device nor as a known non-device: a vendor's accelerator this bot does not know (a new card,
+    a vendor's slice). Only meaningful when the container asks for no known device."""
+    out = []
+    for name, value in limits.items():
+        resource = str(name)
+        if "/" not in resource or resource.startswith(_NOT_DEVICES) or is_device_resource(resource):
+            continue
+        try:
+            if int(float(str(value))) > 0:
+                out.append(resource)
+        except (TypeError, ValueError):
+            continue
+    return sorted(out)
+
+
 def device_limits(limits: dict[str, Any]) -> dict[str, int]:
     """The accelerator resources among a container's limits (or requests), as counts."""
     out: dict[str, int] = {}

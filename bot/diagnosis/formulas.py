@@ -626,6 +626,19 @@ def alloc_env(ctx: Context) -> str | None:
     return vendor.alloc_env if vendor is not None else _CUDA_ALLOC_ENV
 
 
+def refuse_unknown_device(ctx: Context) -> None:
+    """A pod that asks for an accelerator the data does not know (no known device among its limits,
+    some vendor's extended resource instead) gets no device or parallelism change: the bot cannot
+    say how many of them the node has or what each holds, and NVIDIA's resource is not the pod's."""
+    limits = ctx.pod.container.limits if ctx.pod.container else {}
+    own, _ = accelerators.pod_device_resource(limits)
+    unknown = accelerators.unknown_devices(limits) if own is None else []
+    if unknown:
+        raise NoSafeChange(f"the pod asks for {', '.join(unknown)}, an accelerator this bot does not know "
+                           "(bot/diagnosis/data/accelerators.yaml), so it cannot say how many the node has or "
+                           "what each holds: no device or parallelism change is proposed")
+
+
 def device_target(ctx: Context, kind: str, name: str) -> str:
     """A playbook's accelerator resource (limits.nvidia.com/gpu) as the pod's own: a pod asking
     for amd.com/gpu, gpu.intel.com/xe or huawei.com/Ascend910 gets more of that, never NVIDIA's;
@@ -635,6 +648,7 @@ def device_target(ctx: Context, kind: str, name: str) -> str:
     section, _, resource = name.partition(".")
     if kind != "resources" or not accelerators.is_device_resource(resource):
         return name
+    refuse_unknown_device(ctx)
     own, _ = accelerators.pod_device_resource(ctx.pod.container.limits if ctx.pod.container else {})
     return f"{section}.{own}" if own else name
 
@@ -648,6 +662,7 @@ def _no_tensor_parallel_here(ctx: Context) -> str | None:
 
 @formula
 def tensor_parallel_for_weights_on_node(ctx: Context) -> Computed | None:
+    refuse_unknown_device(ctx)
     need = _tp_needed(ctx)
     node_gpus = _node_gpus(ctx)
     if need is None or not node_gpus or _no_tensor_parallel_here(ctx):
@@ -667,6 +682,7 @@ def tensor_parallel_for_weights_on_node(ctx: Context) -> Computed | None:
 
 @formula
 def tensor_parallel_for_weights(ctx: Context) -> Computed | None:
+    refuse_unknown_device(ctx)
     need = _tp_needed(ctx)
     current, raw = current_int(ctx, "--tensor-parallel-size", "config_tensor_parallel_size")
     current = current or 1

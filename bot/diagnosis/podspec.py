@@ -52,8 +52,8 @@ def group_size(ctx: Context) -> int:
 
 def _changes(ctx: Context, kind: str, name: str, formula: str) -> tuple[list[Change], str]:
     """The change a formula computes for this finding, and its arithmetic ('' when none is safe)."""
-    target = formulas.device_target(ctx, kind, name)
     try:
+        target = formulas.device_target(ctx, kind, name)
         result: Computed | None = formulas.run_formula(formula, ctx, Target(kind, target), {})
     except NoSafeChange as exc:
         return [], str(exc)

@@ -181,3 +181,24 @@ def test_a_declared_device_limit_allows_the_pods_own_device_only_in_the_same_sec
     assert not book.allows(Change(kind="resources", name="requests.amd.com/gpu", after="2"))
     assert not book.allows(Change(kind="resources", name="limits.memory", after="2"))
     assert not book.allows(Change(kind="resources", name="limits.example.com/widget", after="2"))
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_a_pod_asking_for_an_accelerator_the_data_does_not_know_gets_no_device_change(tmp_path, devices):
+    """A vendor the data lacks (here a made-up one): no NVIDIA resource, no TP, and the reason named,
+    whatever the node holds. Before, an unknown device fell back to limits.nvidia.com/gpu."""
+    resource = "accel.example.com/npu-x9"
+    bundle = write_bundle(tmp_path / "b", WEIGHTS_OOM, vendor_pod(resource), vendor_node(resource, {}, devices))
+    result = diagnose(load_bundle(bundle))
+    assert not device_changes(result) and tp_after(result) is None
+    assert not any("nvidia" in c.name for c in result.changes)
+    assert "accel.example.com/npu-x9, an accelerator this bot does not know" in result.explanation
+
+
+def test_a_known_device_beside_other_extended_resources_is_still_the_pods_device(tmp_path):
+    pod = vendor_pod("nvidia.com/gpu")
+    pod["spec"]["containers"][0]["resources"]["limits"].update({"rdma/hca_shared_devices_a": "1",
+                                                                 "vendor.example.com/fpga": "1"})
+    node = vendor_node("nvidia.com/gpu", VENDORS["nvidia"][1], 4)
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", WEIGHTS_OOM, pod, node)))
+    assert set(device_changes(result)) == {"limits.nvidia.com/gpu"} and tp_after(result) in (2, 4)
