@@ -341,3 +341,16 @@ def test_no_kv_memory_beside_a_small_graph_estimate_still_raises_the_utilization
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, node)))
     assert result.cause == "no-kv-cache-memory"
     assert changes_of(result) == {("flag", "--gpu-memory-utilization"): ("0.9", "0.95")}
+
+
+def test_others_on_the_gpu_do_not_hide_weights_bigger_than_the_whole_gpu(tmp_path):
+    """Other processes hold memory, but a 72B model at TP 1 needs more than the whole 80 GiB card:
+    lowering --gpu-memory-utilization (or freeing the card) cannot fit it; the pod's other GPUs can."""
+    log = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has a total capacty of "
+           "79.15 GiB of which 752.31 MiB is free. Process 11 has 18.65 GiB memory in use. Process 12 has 19.11 GiB "
+           "memory in use. Including non-PyTorch memory, this process has 40.00 GiB memory in use. Of the allocated "
+           "memory 39.40 GiB is allocated by PyTorch, and 12.70 MiB is reserved by PyTorch but unallocated.\n")
+    pod = make_pod(command=["vllm", "serve"], args=["Qwen/Qwen2-72B-Instruct"], gpus="4")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-A100-SXM4-80GB", 81920, 4))))
+    assert result.cause == "weights-exceed-gpu"
+    assert changes_of(result)[("flag", "--tensor-parallel-size")] == ("1", "4")
