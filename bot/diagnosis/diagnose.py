@@ -324,6 +324,9 @@ def _unknown(facts: LogFacts, signals: Signals, base: dict[str, Any]) -> Diagnos
     elif not facts.recognised:
         why = ("The log is in a format this bot does not recognise (no vLLM or PyTorch start-up lines). "
                "The last lines are shown below.")
+    elif errors and not signals.get("died_before_ready"):
+        why = ("vLLM started and reported ready, then failed while serving in a way no playbook recognises "
+               "(no out-of-memory figure). The error that killed the engine is shown below; no change is proposed.")
     elif errors:
         why = ("vLLM failed, but not in a way any playbook recognises as a memory or start-up cause. "
                "The error is shown below; no change is proposed.")

@@ -214,9 +214,11 @@ def max_model_len_of_model(ctx: Context) -> Computed | None:
     if not cap or not asked or cap >= asked:
         return None
     raw = ctx.cmd.get("--max-model-len")
+    outcome = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN let vLLM start with it, and a request past the model's positions killed "
+               "the engine" if s.get("len_above_model_allowed") else "so vLLM refuses to start")
     return Computed(after=str(int(cap)), before=raw if raw is not None else str(asked),
                     arithmetic=f"vLLM derives the model's longest context from its config.json: {int(cap):,} tokens; "
-                               f"{int(asked):,} is above it, so vLLM refuses to start.")
+                               f"{int(asked):,} is above it, {outcome}.")
 
 
 # ---- --gpu-memory-utilization ------------------------------------------------------------

@@ -120,6 +120,8 @@ FACTS: dict[str, str] = {
     "autofit_len": "the max_model_len auto-fit chose (a start, not a crash)",
     "len_above_model": "a --max-model-len vLLM refused as longer than the model's own context",
     "model_context_len": "the model's own longest context (derived from its config.json), from that refusal",
+    "len_above_model_allowed": "that message as a warning: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 let vLLM start anyway",
+    "device_assert": "a GPU kernel's assertion (device-side assert, index out of bounds): an index past a tensor's end",
     "free_at_start_gib": "V1: free GPU memory at start-up",
     "requested_gib": "V1: total x utilization, which had to be free at start-up",
     "free_memory_check_failed": "V1's start-up free-memory check failed",
@@ -642,6 +644,29 @@ FORMATS: tuple[LogFormat, ...] = (
                  "max-model-len-above-model, pydantic's 'Value error, ' before it); 0.33 rewords the tail, not this "
                  "head; exact range unknown",
         source="vllm/config.py _get_and_verify_max_len (0.6.6), vllm/config/model.py (0.32.0 wheel read)"),
+    LogFormat(
+        # the same message as a warning: the refusal always adds "To allow overriding this maximum";
+        # the warning ends with "Make sure the value is correct ..." (to 0.2x) or, in 0.33, with the
+        # caution straight after "config.json)."
+        "above_model_len_allowed",
+        r"is greater than the derived max_model_len .*(?:Make sure the value is correct"
+        r"|config\.json\)\. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used)",
+        literals=("Make sure the value is correct", "config.json). VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used"),
+        puts=(flag("len_above_model_allowed"),),
+        versions="0.6.6-0.10.1 ('Make sure the value is correct and within the model context size.', read in the "
+                 "0.10.1 wheel), 0.33.0 (logger.warning_once with 'VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with "
+                 "extreme caution'); between them: unknown",
+        source="vllm/config/__init__.py _get_and_verify_max_len (vllm@v0.10.1:2961-2964), vllm/config/model.py "
+               "(vllm@v0.33.0:2663-2678)"),
+    LogFormat(
+        "device_assert",
+        r"(?:CUDA|HIP) error: device-side assert triggered|Assertion `.*index out of bounds.*` failed",
+        literals=("device-side assert triggered", "index out of bounds"),
+        puts=(flag("device_assert"),),
+        versions="any (PyTorch's C10_CUDA_KERNEL_LAUNCH_CHECK and kernels' CUDA_KERNEL_ASSERT; Triton's "
+                 "'index out of bounds: 0 <= tmp < N' assertions)",
+        source="c10/cuda/CUDAException.cpp (c10::AcceleratorError 'CUDA error: device-side assert triggered'), "
+               "aten/src/ATen/native/cuda/IndexKernel.cu, Triton generated kernels"),
     LogFormat(
         "no_kv_memory", r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory",
         literals=("No available memory for the cache", "Cannot auto-fit"),
