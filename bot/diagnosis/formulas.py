@@ -551,11 +551,16 @@ def tensor_parallel_for_pod_gpus(ctx: Context) -> Computed | None:
         return None
     checked = ""
     if ctx.memory is not None:  # fewer ranks hold more weights each: only when the budget says they fit
+        lever = f"--tensor-parallel-size {new} on the pod's {gpus} GPU(s)"
         fit = ctx.memory.fit(tensor_parallel_size=new, gpu_count=gpus)
-        if levers.fails_on_memory(fit) or (fit.fits and not fit.fits_with(MARGIN_GIB)):
-            ctx.memory.consider(f"--tensor-parallel-size {new} on the pod's {gpus} GPU(s)", fit, False, levers.why_not(fit))
-            return None
-        ctx.memory.consider(f"--tensor-parallel-size {new} on the pod's {gpus} GPU(s)", fit, fit.fits)
+        if fit.fits or levers.fails_on_memory(fit):
+            # a shorter context may make room for the KV cache the fewer ranks leave (plan searches the same way)
+            found = levers.try_lever(ctx.memory, lever, shorten=True, tensor_parallel_size=new, gpu_count=gpus)
+            if found is None:
+                return None
+            fit = found.fit
+        else:
+            ctx.memory.consider(lever, fit, False, levers.why_not(fit))
         checked = levers.margin_text(fit)
     text = f"the pod gets {gpus} GPU(s)"
     if pp > 1:

@@ -224,19 +224,32 @@ def margin_text(fit: Fit) -> str:
 
 def try_lever(model: MemoryModel, lever: str, margin: float = MARGIN_GIB, shorten: bool = False,
               **update: Any) -> Considered | None:
-    """Fit one candidate; with `shorten`, a KV shortfall is met by --max-model-len down to what fits."""
+    """Fit one candidate; with `shorten`, a KV shortfall is met by --max-model-len down to what fits.
+    The search is here once for `diagnose` (the playbooks' formulas) and `plan` alike."""
     fit = model.fit(**update)
-    per_token = fit.figures.get("kv_bytes_per_token")
-    if not fit.fits and shorten and fit.first_failure == "kv_sizing" and fit.max_len_that_fits and per_token \
-            and fit.kv_available_gib is not None:
-        tokens = int((fit.kv_available_gib - margin) * 2**30 / per_token.value)  # keep the margin free
-        length = tokens // 1024 * 1024 if tokens >= 8192 else tokens // 256 * 256
-        if length >= 2048:
-            fit = model.fit(**update, max_model_len=length)
-            lever += f" with --max-model-len {length}"
+    tried: int | None = None
+    while shorten and not fit.fits and fit.first_failure == "kv_sizing":
+        # the profiling run's activations grow with the context, so the KV room measured at one length
+        # can be less than a shorter length leaves: measure again at each length until one fits
+        length = _length_for_kv(fit, margin)
+        if length is None or length < 2048 or length >= (fit.config.max_model_len or length + 1):
+            break
+        tried = length
+        fit = model.fit(**update, max_model_len=length)
+    if tried is not None:
+        lever += f" with --max-model-len {tried}"
     ok = fit.fits_with(margin)
     model.consider(lever, fit, ok, "" if ok else why_not(fit))
     return model.considered[-1] if ok else None
+
+
+def _length_for_kv(fit: Fit, margin: float) -> int | None:
+    """The --max-model-len the KV room of this fit holds with the margin kept free (1024s above 8192)."""
+    per_token = fit.figures.get("kv_bytes_per_token")
+    if not fit.max_len_that_fits or per_token is None or fit.kv_available_gib is None:
+        return None
+    tokens = int((fit.kv_available_gib - margin) * 2**30 / per_token.value)
+    return tokens // 1024 * 1024 if tokens >= 8192 else tokens // 256 * 256
 
 
 def tp_search(model: MemoryModel, node_gpus: int, start: int) -> tuple[Considered | None, list[int]]:
