@@ -190,7 +190,9 @@ def rules_for(version: str | None, engine: Literal["v0", "v1"] | None = None,
     """Unknown version: the newest engine's checks, 0.9 utilization (what formulas.py assumes)
     and CUDA graphs outside the budget (the cautious reading)."""
     v = version_tuple(version)
-    if engine is None:
+    if engine is None or (v is not None and v >= (0, 11, 0)):
+        # V1 is the default from 0.8.0 and the only engine from 0.11.0 (V0's code removed): a log
+        # without V1's marks, or no log at all (plan), says nothing against it
         engine = "v1" if v is None or v >= (0, 8, 0) else "v0"
     big = (capacity_gib or 0) >= 70 and "A100" not in (product or "").upper()
     if engine == "v0":

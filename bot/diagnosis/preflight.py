@@ -143,7 +143,7 @@ def _crash(model: levers.MemoryModel, fit: Fit) -> str | None:
     stage = fit.first_failure or ""
     weights = model.weights_gib(fit)
     capacity = model.budget.capacity.value if model.budget.capacity is not None else None
-    if stage == "profiling" and weights and capacity and weights[0] > capacity - 1.5:
+    if stage in {"profiling", "kv_sizing"} and weights and capacity and weights[0] > capacity - 1.5:
         return "weights-exceed-gpu"  # CUDA context and loader buffers leave the weights no room
     if stage == "kv_sizing" and fit.kv_available_gib is not None and fit.kv_available_gib <= 0:
         return "no-kv-cache-memory"
@@ -156,13 +156,13 @@ def _search(model: levers.MemoryModel, fit: Fit, result: PlanResult) -> None:
     node_gpus = grant.on_node
     world = ran.tensor_parallel_size * ran.pipeline_parallel_size
     found: levers.Considered | None = None
-    stage = fit.first_failure
+    stage = "weights" if result.crash == "weights-exceed-gpu" else fit.first_failure  # the crash it will show
     if stage in {"startup", "scheduling", "nccl_init"}:
         if node_gpus and world <= node_gpus and grant.can_tensor_parallel:
             found = levers.try_lever(model, f"limits.{grant.resource or 'nvidia.com/gpu'} {world}", gpu_count=world)
         if found is None and ran.gpu_count:
             found = levers.try_lever(model, f"--tensor-parallel-size {ran.gpu_count // ran.pipeline_parallel_size or 1}",
-                                     tensor_parallel_size=max(1, ran.gpu_count // ran.pipeline_parallel_size))
+                                     shorten=True, tensor_parallel_size=max(1, ran.gpu_count // ran.pipeline_parallel_size))
     elif stage == "weights":
         if node_gpus and grant.can_tensor_parallel:
             found, _ = levers.tp_search(model, node_gpus, ran.tensor_parallel_size * 2)

@@ -10,11 +10,12 @@ import yaml
 from bot.cli import main
 
 
-def manifest(tmp_path, model="meta-llama/Llama-3.1-8B-Instruct", args=("--max-model-len", "4096"), with_ns=False):
+def manifest(tmp_path, model="meta-llama/Llama-3.1-8B-Instruct", args=("--max-model-len", "4096"), with_ns=False,
+             image="vllm/vllm-openai:v0.11.0"):
     meta = {"name": "llm", **({"namespace": "team"} if with_ns else {})}
     doc = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
            "spec": {"template": {"spec": {"containers": [{
-               "name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": ["--model", model, *args],
+               "name": "vllm", "image": image, "args": ["--model", model, *args],
                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}
     path = tmp_path / "deploy.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -61,9 +62,15 @@ def test_cannot_judge_has_its_own_exit_code(tmp_path, capsys):
 
 
 def test_plan_searches_a_shorter_context_with_a_lower_utilization(tmp_path, capsys):
-    """8B on one A10G at 0.95 / 32768: no single lever leaves a margin (0.95 starves start-up),
-    a shorter context together with a lower utilization does, and plan checks that pair fits."""
-    path = manifest(tmp_path, args=("--gpu-memory-utilization", "0.95", "--max-model-len", "32768"))
+    """8B on one A10G at 0.95 / 32768 on V0 (0.7.3: its profiling run takes max_model_len tokens): no
+    single lever leaves a margin (0.95 starves start-up), a shorter context together with a lower
+    utilization does, and plan checks that pair fits. On 0.11.0 (V1 only, a 2048-token profiling
+    batch on this card) the same manifest fits as it is."""
+    v1 = manifest(tmp_path, args=("--gpu-memory-utilization", "0.95", "--max-model-len", "32768"))
+    code, doc, err = run(capsys, v1, "--gpu", "NVIDIA-A10G")
+    assert code == 0 and doc["verdict"] == "fits", (err, doc)
+    v0 = "vllm/vllm-openai:v0.7.3"
+    path = manifest(tmp_path, args=("--gpu-memory-utilization", "0.95", "--max-model-len", "32768"), image=v0)
     code, doc, err = run(capsys, path, "--gpu", "NVIDIA-A10G")
     assert code == 1, err
     assert doc["verdict"] == "fails" and doc["change"], doc
@@ -72,7 +79,7 @@ def test_plan_searches_a_shorter_context_with_a_lower_utilization(tmp_path, caps
     length = int(doc["change"].split("--max-model-len ")[1].split()[0])
     util = doc["change"].split("--gpu-memory-utilization ")[1].split()[0]
     # the proposed pair, written into the manifest, plans as fitting
-    fixed = manifest(tmp_path, args=("--gpu-memory-utilization", util, "--max-model-len", str(length)))
+    fixed = manifest(tmp_path, args=("--gpu-memory-utilization", util, "--max-model-len", str(length)), image=v0)
     code, doc, err = run(capsys, fixed, "--gpu", "NVIDIA-A10G")
     assert code == 0 and doc["verdict"] == "fits", (err, doc)
 
