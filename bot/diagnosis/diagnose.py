@@ -19,7 +19,7 @@ from bot.diagnosis import cmdline, impact, levers, podspec, render
 from bot.diagnosis.budget import KvSource
 from bot.diagnosis.catalogue import CatalogueError, load_bundle_config
 from bot.diagnosis.evidence import gpu_summary, node_view, pod_view
-from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, device_target, run_formula
+from bot.diagnosis.formulas import Computed, Context, NoSafeChange, Target, device_target, run_formula, sentence
 from bot.diagnosis.logfacts import LogFacts, extract
 from bot.diagnosis.models import Advice, BundleError, Change, DiagnosisResult, Evidence
 from bot.diagnosis.playbooks import Condition, Playbook, default_playbooks
@@ -228,12 +228,12 @@ def _first_fix(book: Playbook, ctx: Context) -> FixResult:
             for _, r in computed:
                 if r.changes:  # a placeholder name: the formula named the changes itself
                     changes.extend(fitted[len(changes):len(changes) + len(r.changes)])
-                    arithmetic.append(f"Proposed: {_sentence(r.arithmetic)}")
+                    arithmetic.append(f"Proposed: {sentence(r.arithmetic)}")
                     continue
                 c = fitted[len(changes)]
                 changes.append(c)
-                arithmetic.append(f"Proposed: {c.name} {c.after}. {_sentence(r.arithmetic)}" if c.kind != "probe" else
-                                  f"Proposed: a {c.name}. {_sentence(r.arithmetic)}")
+                arithmetic.append(f"Proposed: {c.name} {c.after}. {sentence(r.arithmetic)}" if c.kind != "probe" else
+                                  f"Proposed: a {c.name}. {sentence(r.arithmetic)}")
             return changes, arithmetic, fix.note, [r.caution for _, r in computed if r.caution], []
     return [], reasons, None, [], advice
 
@@ -243,12 +243,6 @@ def _in_release_spelling(changes: list[Change], ctx: Context) -> tuple[list[Chan
 
     container = ctx.pod.container
     return fit_to_release(changes, ctx.signals.get("vllm_version"), container.image if container else None)
-
-
-def _sentence(text: str) -> str:
-    if text[1:2].isupper():  # a name spelt that way on purpose ("vLLM estimates ..."): keep it
-        return text
-    return text[:1].upper() + text[1:]
 
 
 def _within_bounds(value: str | None, lo: float | None, hi: float | None) -> bool:

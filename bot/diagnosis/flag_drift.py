@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.diagnosis.cmdline import ParsedCommand, canonical, is_boolean
-from bot.diagnosis.formulas import Computed, Context, NoSafeChange, formula
+from bot.diagnosis.formulas import Computed, Context, NoSafeChange, formula, sentence
 from bot.diagnosis.models import Change, revised
 from bot.diagnosis.vllm_versions import TABLE, FlagState, Verdict, version_key, version_of_image
 
@@ -121,12 +121,12 @@ def drop_unrecognized_flags(ctx: Context) -> Computed | None:
     fixes, skipped = plan_flag_fixes(ctx.cmd, refused_flags(ctx.signals.get("unrecognized_flags")), running)
     if not fixes:
         if skipped:  # the refusal does not fit the pod: say why, change nothing
-            raise NoSafeChange(" ".join(s[:1].upper() + s[1:] + "." for s in skipped))
+            raise NoSafeChange(" ".join(sentence(s) + "." for s in skipped))
         return None
     changes = [c for fix in fixes for c in fix.changes(ctx.cmd)]
     text = "; ".join(fix.sentence(running) for fix in fixes) + "."
     if skipped:
-        text += " " + " ".join(s[:1].upper() + s[1:] + "." for s in skipped)
+        text += " " + " ".join(sentence(s) + "." for s in skipped)
     caution = None
     if running.version is None:
         caution = ("the running vLLM version is unknown (no version line in the log, no version in the image tag), "

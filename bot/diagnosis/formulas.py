@@ -269,7 +269,7 @@ def utilization_for_free_memory(ctx: Context, *, margin_gib: float = 0.1) -> Com
             f"GPU is free, and {fmt_util(new)} x {gib(total)} = {gib(new * total)} cannot hold the model's "
             f"{gib(weights)} of weights ({figure[1]}) plus a KV cache: no --gpu-memory-utilization can work beside "
             f"what else holds this GPU.",
-            advice=levers.advice_for_weights(ctx.memory, _node_gpus(ctx)) if weights > 0.9 * total
+            advice=levers.advice_for_weights(ctx.memory, node_device_count(ctx)) if weights > 0.9 * total
             else _shared_advice(ctx.memory))
     if weights and new * total < weights + 1.0:
         caution = (f"{fmt_util(new)} x {gib(total)} = {gib(new * total)} cannot hold the model's ~{gib(weights)} of "
@@ -606,10 +606,18 @@ def _tp_needed(ctx: Context) -> tuple[int, str] | None:
                   f"{total_w:.1f} / {per:.1f} = {total_w / per:.2f} -> {need} GPUs")
 
 
-def _node_gpus(ctx: Context) -> int | None:
+def node_device_count(ctx: Context) -> int | None:
     """Physical devices on the node: NVIDIA's labels, else what the grant read for any vendor."""
     grant = ctx.memory.grant if ctx.memory is not None else None
     return ctx.node.gpu_count or ctx.node.gpu_capacity or (grant.cards_on_node if grant else None)
+
+
+def sentence(text: str) -> str:
+    """The text with a capital first letter, unless its second is one too: a name spelt that way on
+    purpose ("vLLM estimates ...") keeps its spelling."""
+    if text[1:2].isupper():
+        return text
+    return text[:1].upper() + text[1:]
 
 
 def _device_limit(ctx: Context) -> tuple[str, str | None]:
@@ -673,7 +681,7 @@ def _no_tensor_parallel_here(ctx: Context) -> str | None:
 def tensor_parallel_for_weights_on_node(ctx: Context) -> Computed | None:
     refuse_unknown_device(ctx)
     need = _tp_needed(ctx)
-    node_gpus = _node_gpus(ctx)
+    node_gpus = node_device_count(ctx)
     if need is None or not node_gpus or _no_tensor_parallel_here(ctx):
         return None
     if ctx.memory is None or ctx.memory.baseline().verdict == "unknown":
@@ -702,7 +710,7 @@ def tensor_parallel_for_weights(ctx: Context) -> Computed | None:
     chosen = ctx.memory.chosen if ctx.memory is not None else None
     if chosen is not None and chosen.fit.config.tensor_parallel_size > 1:
         new = chosen.fit.config.tensor_parallel_size  # the TP the budget check chose
-    node_gpus = _node_gpus(ctx)
+    node_gpus = node_device_count(ctx)
     if node_gpus and new > node_gpus:
         if ctx.memory is not None:  # a pod that can never schedule is not a change to approve
             raise NoSafeChange(f"{text}; this node has {node_gpus} GPU(s), so no --tensor-parallel-size on it "
@@ -733,7 +741,7 @@ def gpu_limit_for_tensor_parallel(ctx: Context) -> Computed | None:
 def gpu_limit_for_world_size(ctx: Context) -> Computed | None:
     s = ctx.signals
     world = s.get("world_size_required") or s.get("world_size")
-    node_gpus = _node_gpus(ctx)
+    node_gpus = node_device_count(ctx)
     resource, current = _device_limit(ctx)
     if not world or (current and int(float(current)) >= world):
         return None

@@ -80,7 +80,7 @@ def _parallel_pod(ctx: Context) -> Finding | None:
 def _parallel_node(ctx: Context) -> Finding | None:
     s = ctx.signals
     world, size = s.get("world_size") or 1, group_size(ctx)
-    node = formulas._node_gpus(ctx)
+    node = formulas.node_device_count(ctx)
     if not node or size > 1 or world <= node:
         return None  # a LeaderWorkerSet spreads the ranks over several nodes
     text = (f"TP x PP = {world} ranks need {world} devices in one pod, and node {ctx.node.name or '?'} has {node}: "
@@ -161,5 +161,5 @@ def _probe_window(ctx: Context) -> tuple[float, str] | None:
 
 
 def _join(text: str, why: str) -> str:
-    return text + (" " + (why if why[1:2].isupper() else why[:1].upper() + why[1:]) if why else "")
+    return text + (" " + formulas.sentence(why) if why else "")
 

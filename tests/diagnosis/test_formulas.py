@@ -341,3 +341,12 @@ def test_formula_parameters_are_their_keyword_arguments():
     assert parameters("utilization_for_free_memory")["margin_gib"].default == 0.1
     assert parameters("enforce_eager_on") == {}
     assert all(p.type in (str, int, float, bool) for name in FORMULAS for p in parameters(name).values())
+
+
+def test_one_sentence_helper_keeps_names_spelt_on_purpose():
+    """diagnose's proposals, podspec's findings and flag_drift's refusals start sentences the same way."""
+    from bot.diagnosis.formulas import sentence
+
+    assert sentence("the pod gets 2 GPU(s)") == "The pod gets 2 GPU(s)"
+    assert sentence("vLLM estimates 4,096 tokens") == "vLLM estimates 4,096 tokens"
+    assert sentence("") == "" and sentence("x") == "X"
