@@ -9,9 +9,11 @@ failed.' then EngineDeadError (v1/engine/async_llm.py)."""
 from __future__ import annotations
 
 import pytest
-from builders import make_node, make_pod
+from builders import make_node, make_pod, write_bundle
+from test_accelerators import VENDORS, vendor_node, vendor_pod
 
 from bot.diagnosis.diagnose import diagnose
+from bot.diagnosis.evidence import load_bundle
 from bot.diagnosis.models import DiagnosisResult, Evidence, LogText
 
 MODEL = "Qwen/Qwen3-32B"
@@ -100,3 +102,27 @@ def test_engine_dead_after_health_200_without_a_known_cause_quotes_the_root_caus
     assert result.cause is None and result.changes == []
     assert "started and reported ready, then failed while serving" in result.explanation
     assert any(line.endswith("RuntimeError: CUDA error: device-side assert triggered") for line in result.evidence)
+
+
+RUNTIME_FRAGMENTED = """(APIServer pid=1) INFO 05-22 10:00:02 [api_server.py:1805] vLLM API server version 0.10.1
+(EngineCore_0 pid=200) INFO 05-22 10:00:09 [core.py:74] Initializing a V1 LLM engine (v0.10.1) with config: model='Qwen/Qwen2.5-7B-Instruct', tensor_parallel_size=1
+(APIServer pid=1) INFO:     Application startup complete.
+(EngineCore_0 pid=200) ERROR 05-22 15:00:00 [core.py:702] EngineCore encountered a fatal error.
+(EngineCore_0 pid=200) ERROR 05-22 15:00:00 [core.py:702] torch.OutOfMemoryError: {device} out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 63.98 GiB of which 1.20 GiB is free. Of the allocated memory 50.10 GiB is allocated by PyTorch, and 12.30 GiB is reserved by PyTorch but unallocated.
+(APIServer pid=1) ERROR 05-22 15:00:00 [async_llm.py:430] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+"""
+
+
+@pytest.mark.parametrize(("vendor", "device", "variable"), [("nvidia", "CUDA", "PYTORCH_CUDA_ALLOC_CONF"),
+                                                             ("amd", "HIP", "PYTORCH_HIP_ALLOC_CONF")])
+def test_fragmentation_hours_after_start_sets_the_devices_allocator_variable(tmp_path, vendor, device, variable):
+    """Five hours after ready, 12.3 GiB cached beside a 2 GiB request: fragmentation, not the
+    run-time OOM's utilization cut, in the pod's own device's variable."""
+    resource, labels = VENDORS[vendor]
+    pod = vendor_pod(resource)
+    pod["spec"]["containers"][0]["args"] = ["Qwen/Qwen2.5-7B-Instruct"]
+    bundle = write_bundle(tmp_path / "b", RUNTIME_FRAGMENTED.format(device=device), pod,
+                          vendor_node(resource, labels, 1))
+    result = diagnose(load_bundle(bundle))
+    assert result.cause == "allocator-fragmentation"
+    assert [(c.kind, c.name, c.after) for c in result.changes] == [("env", variable, "expandable_segments:True")]
