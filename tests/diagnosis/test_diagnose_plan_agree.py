@@ -9,10 +9,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from builders import make_node, make_pod
+from builders import make_node, make_pod, write_bundle
+from test_accelerators import VENDORS, vendor_node, vendor_pod
+from test_issue21_audit import LOADING, OWN_WORDS
 
 from bot.diagnosis.budget import rules_for
 from bot.diagnosis.diagnose import diagnose
+from bot.diagnosis.evidence import load_bundle
 from bot.diagnosis.levers import MARGIN_GIB
 from bot.diagnosis.models import DiagnosisResult, Evidence, LogText
 from bot.diagnosis.preflight import PlanResult, plan
@@ -77,3 +80,22 @@ def test_the_engine_a_release_can_run(version, read, engine):
     """A log without V1's marks (or plan's empty one) reads as V0; from 0.11.0 there is no V0 to run,
     and V0's profiling batch (max_model_len tokens up to 32K) made plan refuse shorter contexts."""
     assert rules_for(version, read).engine == engine
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd", "intel", "ascend", "tpu"])
+@pytest.mark.parametrize("devices", [1, 4, 8])
+def test_every_accelerator_gets_the_same_tp_from_both(tmp_path, vendor, devices):
+    """A catalogued 72B (about 136 GiB in bf16) that does not load on one device, in that device's
+    own OOM words: diagnose's TP and plan's are the same number, or neither proposes one."""
+    resource, labels = VENDORS[vendor]
+    pod = vendor_pod(resource)
+    pod["spec"]["containers"][0]["args"] = ["Qwen/Qwen2.5-72B-Instruct"]
+    node = vendor_node(resource, labels, devices)
+    diagnosed = diagnose(load_bundle(write_bundle(tmp_path / "b", LOADING + OWN_WORDS[vendor] + "\n", pod, node)))
+    planned_ = plan(pod, node)
+    assert diagnosed.cause == "weights-exceed-gpu" == planned_.crash
+    tp = planned(planned_).get("--tensor-parallel-size")
+    assert flags(diagnosed).get("--tensor-parallel-size") == tp
+    if tp is not None:
+        assert int(tp) <= devices
+        assert {c.name: c.after for c in diagnosed.changes if c.kind == "resources"} == {f"limits.{resource}": tp}
