@@ -64,9 +64,21 @@ def run(log: str, product: str = "NVIDIA-H100-80GB-HBM3", memory_mib: int = 8155
     return diagnose(Evidence(log=LogText(text=log), pod=pod, node=make_node(product, memory_mib, 1)))
 
 
+# the shape users paste (timothystewart6/vllm-gb10 PR 8): a Triton kernel's assertion, then the C++
+# runtime aborting the engine with the CUDA error, no Python traceback
+TRITON_ABORT = """(APIServer pid=1) INFO:     Application startup complete.
+(APIServer pid=1) INFO:     10.0.0.9:51000 - "POST /v1/chat/completions HTTP/1.1" 200 OK
+/tmp/torchinductor_root/ab/cabc.py:42: unknown: block: [0,0,0], thread: [0,0,0] Assertion `index out of bounds: 0 <= tmp16 < 40960` failed.
+terminate called after throwing an instance of 'c10::AcceleratorError'
+  what():  CUDA error: device-side assert triggered
+(APIServer pid=1) ERROR 05-22 10:20:01 [core_client.py:564] Engine core proc EngineCore_0 died unexpectedly, shutting down client.
+"""
+
+
 @pytest.mark.parametrize("warning", [WARNING_0_10, WARNING_0_33], ids=["0.10", "0.33"])
-def test_first_request_past_an_allowed_long_context_is_the_context(warning):
-    result = run(START.format(warning=warning) + FIRST_REQUEST_DIES)
+@pytest.mark.parametrize("death", [FIRST_REQUEST_DIES, TRITON_ABORT], ids=["traceback", "triton-abort"])
+def test_first_request_past_an_allowed_long_context_is_the_context(warning, death):
+    result = run(START.format(warning=warning) + death)
     assert result.cause == "max-model-len-above-model"
     assert [(c.name, c.before, c.after) for c in result.changes] == [("--max-model-len", "131072", "40960")]
     assert "first request" in result.explanation and "refuses to start." not in result.explanation
