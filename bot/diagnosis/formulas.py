@@ -844,9 +844,7 @@ MAX_OFFLOAD_GIB = 16
 @formula
 def cpu_offload_for_weights(ctx: Context) -> Computed | None:
     s = ctx.signals
-    grant = ctx.memory.grant if ctx.memory is not None else None
-    # the log's or the labels' device total, else the vendor catalogue's (TPU, Ascend: no memory label)
-    total_w, gpu = _weights_total(ctx), s.get("gpu_total_gib") or (grant.memory_gib if grant else None)
+    total_w, gpu = _weights_total(ctx), s.get("gpu_total_gib")
     if total_w is None or not gpu:
         return None
     util, _ = current_utilization(ctx)
