@@ -299,6 +299,10 @@ _MOVE = re.compile(r"\b(increase|raise|lower|decrease|reduce|set)\s+" + _FLAG_WO
 _ESTIMATE = re.compile(r"estimated maximum model length is " + _BOUND_NUM)
 _PAIR = re.compile(_FLAG_WORD + r" \(" + _BOUND_NUM + r"\) (is larger than|is greater than|exceeds|is smaller than|"
                    r"is less than)\s+(?:the\s+|available\s+)?([\w` -]{1,60}?)\s*\(" + _BOUND_NUM + r"\)")
+# vLLM's Mamba check states the bound in its first sentence ("max_num_seqs (1024) exceeds available
+# Mamba cache blocks (969)": one block per decode sequence); the "at most M" advice that follows it
+# is often cut from a paste, so the block count alone bounds max_num_seqs.
+_SEQS_OVER_MAMBA_BLOCKS = re.compile(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)")
 _ADVICE = re.compile(r"\b(increas|rais|lower|decreas|reduc)(?:e|ing)\s+" + _FLAG_WORD, re.I)
 _DOWN = ("lower", "decreas", "reduc")
 
@@ -338,6 +342,8 @@ def read_flag_bounds(message: str) -> dict[str, dict[str, Any]]:
             _add_bound(bounds, word, "at_most" if verb.lower().startswith(_DOWN) else "at_least", value)
     for value in _ESTIMATE.findall(message):
         _add_bound(bounds, "max_model_len", "at_most", value)
+    for _seqs, blocks in _SEQS_OVER_MAMBA_BLOCKS.findall(message):
+        _add_bound(bounds, "max_num_seqs", "at_most", blocks)
     advice = [(verb.lower(), vllm_flag(word)) for verb, word in _ADVICE.findall(message)]
     for first, first_value, relation, second, second_value in _PAIR.findall(message):
         larger = relation in {"is larger than", "is greater than", "exceeds"}
@@ -695,13 +701,14 @@ FORMATS: tuple[LogFormat, ...] = (
         r"\bto (?:at most|at least|no more than|no less than) \d"
         r"|(?:[Ii]ncrease|[Rr]aise|[Ll]ower|[Dd]ecrease|[Rr]educe) `?-{0,2}[a-z]+(?:[_-][a-z0-9]+)+`?\s+(?:from\s+[\d.]+\s+)?"
         r"to\s+\d|estimated maximum model length is \d"
-        r"|\(\d+\) (?:is larger than|is greater than|exceeds|is smaller than|is less than).*?\bPlease",
-        literals=("to at most", "to at least", "to no more than", "to no less than", "estimated maximum model length",
+        r"|\(\d+\) (?:is larger than|is greater than|exceeds|is smaller than|is less than).*?\bPlease"
+        r"|exceeds available Mamba cache blocks \(\d",
+        literals=("Mamba cache blocks", "to at most", "to at least", "to no more than", "to no less than", "estimated maximum model length",
                   "Please", "increase ", "Increase ", "raise ", "Raise ", "lower ", "Lower ", "decrease ", "Decrease ",
                   "reduce ", "Reduce "),
         handler="flag_bounds", handler_yields=("vllm_bounds", "vllm_error_bounds"),
         versions="0.4.0-0.33.0: 'estimated maximum model length is N' 0.9.1-0.33.0; 'lower max_num_seqs to at most M' "
-                 "0.17-0.33.0 (Mamba); 'increase --gpu-memory-utilization to %.4f' 0.22.0-0.33.0 (CUDA graph "
+                 "0.17-0.33.0 (Mamba), and its first sentence 'max_num_seqs (N) exceeds available Mamba cache blocks (M)' alone; 'increase --gpu-memory-utilization to %.4f' 0.22.0-0.33.0 (CUDA graph "
                  "profiling, gpu_worker.py); 'max_num_batched_tokens (N) is smaller than max_model_len (M). Please "
                  "increase max_num_batched_tokens or decrease max_model_len.' 0.4-0.33.0 (config/scheduler.py); "
                  "'... is larger than max_num_batched_tokens (M). Please increase max_num_batched_tokens.' "

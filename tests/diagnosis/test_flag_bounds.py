@@ -38,6 +38,8 @@ GRAPH_HINT = ("INFO 11-29 08:15:50 [v1/worker/gpu_worker.py:495] CUDA graph memo
     ("Based on the available memory, the estimated maximum model length is 12,288. Try increasing "
      "`gpu_memory_utilization`", {"--max-model-len": {"at_most": 12288}}),
     ("Please lower `--max-num-seqs` to no more than 48.", {"--max-num-seqs": {"at_most": 48}}),
+    # the Mamba check's first sentence alone (pastes often stop there): the block count is the bound
+    ("ValueError: max_num_seqs (640) exceeds available Mamba cache blocks (233).", {"--max-num-seqs": {"at_most": 233}}),
 ])
 def test_reader_takes_the_bound_from_any_wording(message: str, expected: dict) -> None:
     assert read_flag_bounds(message) == expected
@@ -64,6 +66,14 @@ def test_mamba_blocks_bound_becomes_the_proposal() -> None:
     result = _diagnose(log)
     assert result.cause == "vllm-named-bound"
     assert [(c.name, c.after) for c in result.changes] == [("--max-num-seqs", "121")]
+
+
+def test_mamba_first_sentence_alone_becomes_the_proposal() -> None:
+    log = ("(EngineCore_DP0 pid=80) ValueError: max_num_seqs (640) exceeds available Mamba cache blocks (233).\n"
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    result = _diagnose(log)
+    assert result.cause == "vllm-named-bound"
+    assert [(c.name, c.after) for c in result.changes] == [("--max-num-seqs", "233")]
 
 
 def test_hint_on_an_info_line_is_no_cause() -> None:
