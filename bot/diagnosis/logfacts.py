@@ -374,8 +374,10 @@ class _Reader:
         if missed and end != -1:
             # a message wrapped over lines (a terminal or a paste): retry with what follows
             following = block[end + 1 : end + 1 + 2048].split(b"\n", 2)[:2]
-            joined = " ".join([text] + _continuation([(_clean(f) or [""])[-1] for f in following]))
-            _parse_line(self.state, re.sub(r"\s+", " ", joined), n, only=missed)
+            joined = re.sub(r"\s+", " ", " ".join([text] + _continuation([(_clean(f) or [""])[-1] for f in following])))
+            # the message's later pieces that only the continuation holds (PyTorch's per-process
+            # list after its OOM sentence) are read with it, so they count as that message's
+            _parse_line(self.state, joined, n, only=missed | _pieces_only_in(joined, text))
         hits = self.hits if len(self.hits) < MAX_STORED_HITS else self.late_hits
         hits.append((n, text.strip()))
 
@@ -449,6 +451,12 @@ def _mostly_binary(sample: bytes) -> bool:
 _PARSERS_BY_GATE = {g: [i for i, fmt in enumerate(FORMATS) if g in fmt.literals] for g in KEYWORDS}
 _GATE_AUTOMATON = ahocorasick_rs.AhoCorasick(KEYWORDS) if ahocorasick_rs else None
 WRAPPABLE = {fmt.name for fmt in FORMATS if fmt.wrappable}
+
+
+def _pieces_only_in(joined: str, first: str) -> set[int]:
+    """The wrappable formats whose literal a joined message holds and its first line does not."""
+    return {i for i, fmt in enumerate(FORMATS) if fmt.name in WRAPPABLE
+            and any(g in joined and g not in first for g in fmt.literals)}
 
 
 def _parse_line(state: _State, line: str, n: int, only: set[int] | None = None) -> set[int]:

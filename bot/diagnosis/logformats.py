@@ -837,7 +837,9 @@ FORMATS: tuple[LogFormat, ...] = (
         "torch_oom_21",
         r"Tried to allocate " + _SIZE + r"\. GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE
         + r" is free\.",
-        literals=("has a total capac",),
+        # 'Tried to allocate' too: a paste that breaks the message after its first sentence leaves the
+        # other literal on the next line, and the wrapped-line retry joins forward from the first
+        literals=("has a total capac", "Tried to allocate"),
         puts=(gib(0, 1, "oom_tried_gib"), gib(3, 4, "oom_total_gib"), gib(5, 6, "oom_free_gib"),
               flag("oom"), Put("torch_oom_format", value="2.1+")),
         wrappable=True,
@@ -878,6 +880,7 @@ FORMATS: tuple[LogFormat, ...] = (
         "torch_oom_proc", r"Process (\d+) has " + _SIZE + r" memory in use",
         literals=("memory in use",),
         handler="oom_processes", handler_yields=("oom_processes_gib",),
+        wrappable=True,  # a piece of the OOM message: a paste that breaks it puts the list on later lines
         versions="torch 2.1.x-2.14.0", source="PyTorch c10/cuda/CUDACachingAllocator.cpp reportProcessMemoryInfo"),
     LogFormat(
         "oom_generic",

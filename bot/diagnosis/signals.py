@@ -243,6 +243,10 @@ def _others_at_oom(facts: LogFacts) -> float:
         # with the allocation line cut off, vLLM (sized to most of the GPU) is the largest entry
         own = min(procs, key=lambda p: abs(p - mine)) if mine > 0 else max(procs)
         return sum(procs) - own
+    if len(procs) == 1 and o_total is not None and procs[0] < 0.5 * (o_total - o_free):
+        # vLLM sizes itself to most of the card, so a lone entry holding under half of the used
+        # memory is not vLLM: it is another process beside it (the 'this process' line was cut)
+        return procs[0]
     return 0.0  # the only process listed is vLLM itself (container PID namespace)
 
 

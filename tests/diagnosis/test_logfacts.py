@@ -187,6 +187,17 @@ def test_messages_wrapped_over_lines_are_joined():
     assert facts.get("estimated_max_len") == 122080
 
 
+def test_an_oom_message_broken_after_its_first_sentence_is_read_whole():
+    # PyTorch prints one line; a paste that breaks it puts the capacity and the process list below
+    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 GiB.\n"
+           "GPU 3 has a total capacity of 44.42 GiB of which 900.00 MiB is free.\n"
+           "Process 4711 has 2.50 GiB memory in use. Process 4712 has 40.90 GiB memory in use.\n")
+    facts = facts_of(log)
+    assert facts.get("oom_total_gib") == 44.42
+    assert facts.get("oom_free_gib") == pytest.approx(900 / 1024)
+    assert facts.get("oom_processes_gib") == [2.5, 40.9]
+
+
 @pytest.mark.parametrize("line, fact", [
     ("NCCL WARN Error: failed to extend /dev/shm/nccl-aXb3 to 9637892 bytes", "shm_error"),
     ("misc/shmutils.cc:72 NCCL WARN Call to posix_fallocate failed : No space left on device", "shm_error"),

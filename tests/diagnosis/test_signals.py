@@ -48,6 +48,12 @@ def test_the_only_process_a_container_sees_is_vllm_itself():
     assert s.get("other_processes_gib") == 0.0
 
 
+def test_a_lone_small_process_beside_a_full_card_is_another_process():
+    # vLLM holds most of the card; the one entry listed (the 'this process' clause cut) is someone else
+    s = signals_of(oom(procs="Process 4711 has 1.25 GiB memory in use. ", total="44.42 GiB", free="310.00 MiB"))
+    assert s.get("other_processes_gib") == 1.25
+
+
 def test_fragmented_when_reserved_but_unallocated_covers_the_request():
     assert signals_of(oom(tried="1.16 GiB", unalloc="3.00 GiB")).get("fragmented") is True
     assert signals_of(oom(tried="1.16 GiB", unalloc="300.00 MiB")).get("fragmented") is False
