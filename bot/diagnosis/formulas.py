@@ -170,6 +170,9 @@ def current_int(ctx: Context, flag: str, config_key: str) -> tuple[int | None, s
 
 # ---- --max-model-len ------------------------------------------------------------------------
 
+# the KV error prints GiB to two decimals: "{:.2f}" 0.7.0-0.12.0, format_gib (round(x, 2)) 0.13.0-0.33.0
+GIB_PRINT_ROUNDING = 0.005
+
 
 @formula
 def max_model_len_that_fits(ctx: Context) -> Computed | None:
@@ -181,9 +184,14 @@ def max_model_len_that_fits(ctx: Context) -> Computed | None:
     elif s.get("kv_capacity_tokens"):
         cap, how = s.get("kv_capacity_tokens"), f"the KV cache holds {s.get('kv_capacity_tokens'):,} tokens"
     elif s.get("kv_needed_gib") and s.get("available_kv_gib") and current:
-        cap = int(current * s.get("available_kv_gib") / s.get("kv_needed_gib"))
+        # vLLM prints both sizes rounded to 0.01 GiB: take the least the printed figures allow, so
+        # the proposal cannot land between the true cap and the rounded one (130000 x 2.4 / 2.43
+        # is 128,395 where vLLM's own estimate is 127,968)
+        available, needed = s.get("available_kv_gib") - GIB_PRINT_ROUNDING, s.get("kv_needed_gib") + GIB_PRINT_ROUNDING
+        cap = int(current * available / needed)
         how = (f"{current:,} tokens need {gib(s.get('kv_needed_gib'))} of KV cache but {gib(s.get('available_kv_gib'))} "
-               f"is available, so about {current:,} x {s.get('available_kv_gib')} / {s.get('kv_needed_gib')} = {cap:,} tokens fit")
+               f"is available, so at most {current:,} x {available:.3f} / {needed:.3f} = {cap:,} tokens fit "
+               f"(each size read at the bound of its 0.01 GiB rounding)")
     elif s.get("kv_capacity_tokens_effective"):
         cap = s.get("kv_capacity_tokens_effective")
         blocks = s.get("gpu_blocks")

@@ -636,7 +636,8 @@ FORMATS: tuple[LogFormat, ...] = (
         versions="0.7.0-0.33.0 (V1; 'GB' to 0.8.3, no estimate 0.8.4-0.9.0, 'models's' to 0.19.1)",
         source=_V1_KV + " check_enough_kv_cache_memory"),
     LogFormat(
-        "estimated_len", r"the estimated maximum model length is (\d+)",
+        # 'the' optional: a quoted paste that elides the sentence's start ('... estimated maximum ...')
+        "estimated_len", r"\bestimated maximum model length is (\d+)",
         literals=("estimated maximum model length is",),
         puts=(number(0, "estimated_max_len", int, keep="min"),),
         versions="0.9.1-0.33.0 (V1, inside the max seq len error)", source=_V1_KV),

@@ -57,8 +57,17 @@ def test_max_model_len_from_v0_kv_capacity_keeps_the_manifest_spelling():
 def test_max_model_len_scaled_by_kv_memory():
     ctx = context({"max_model_len": 32768, "kv_needed_gib": 4.0, "available_kv_gib": 2.23})
     before, after, sentence = value_and_sentence("max_model_len_that_fits", ctx)
-    assert (before, after) == ("32768", "17408")  # 32768 x 2.23 / 4 = 18,268 -> 17 x 1024
-    assert "32,768 x 2.23 / 4.0 = 18,268 tokens fit" in sentence
+    assert (before, after) == ("32768", "17408")  # 32768 x 2.225 / 4.005 = 18,204 -> 17 x 1024
+    assert "32,768 x 2.225 / 4.005 = 18,204 tokens fit" in sentence
+
+
+def test_max_model_len_scaled_by_kv_memory_stays_below_what_the_rounded_sizes_allow():
+    # 1.01 / 1.00 GiB as printed may be 1.0149 needed and 0.9951 available: 98,049 tokens fit, so
+    # the naive 100000 x 1.00 / 1.01 = 99,009 (98,304 once rounded to 1024) would fail again
+    ctx = context({"max_model_len": 100000, "kv_needed_gib": 1.01, "available_kv_gib": 1.00})
+    _, after, _ = value_and_sentence("max_model_len_that_fits", ctx)
+    assert int(after) <= 100000 * 0.9951 / 1.0149
+    assert after == "97280"
 
 
 def test_max_model_len_from_gpu_blocks():

@@ -198,6 +198,13 @@ def test_an_oom_message_broken_after_its_first_sentence_is_read_whole():
     assert facts.get("oom_processes_gib") == [2.5, 40.9]
 
 
+def test_a_quoted_estimate_with_its_sentence_start_elided_is_read():
+    log = ("ValueError: To serve at least one request with the model's max seq len (90000),\n"
+           "1.71 GiB KV cache is needed, which is larger than the available KV cache memory (1.66 GiB).\n"
+           "... estimated maximum model length is 87360.\n")
+    assert facts_of(log).get("estimated_max_len") == 87360
+
+
 @pytest.mark.parametrize("line, fact", [
     ("NCCL WARN Error: failed to extend /dev/shm/nccl-aXb3 to 9637892 bytes", "shm_error"),
     ("misc/shmutils.cc:72 NCCL WARN Call to posix_fallocate failed : No space left on device", "shm_error"),
