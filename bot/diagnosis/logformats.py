@@ -302,7 +302,9 @@ _PAIR = re.compile(_FLAG_WORD + r" \(" + _BOUND_NUM + r"\) (is larger than|is gr
 # vLLM's Mamba check states the bound in its first sentence ("max_num_seqs (1024) exceeds available
 # Mamba cache blocks (969)": one block per decode sequence); the "at most M" advice that follows it
 # is often cut from a paste, so the block count alone bounds max_num_seqs.
-_SEQS_OVER_MAMBA_BLOCKS = re.compile(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)")
+# vLLM raises this sentence only from its max_num_seqs check, so a quote that starts at 'exceeds'
+# still bounds max_num_seqs.
+_SEQS_OVER_MAMBA_BLOCKS = re.compile(r"(?:max_num_seqs \((\d+)\) )?exceeds available Mamba cache blocks \((\d+)\)")
 _ADVICE = re.compile(r"\b(increas|rais|lower|decreas|reduc)(?:e|ing)\s+" + _FLAG_WORD, re.I)
 _DOWN = ("lower", "decreas", "reduc")
 
@@ -369,7 +371,9 @@ def flag_bounds(state: _State, m: re.Match[str], line: str, n: int) -> None:
             _add_bound(merged, flag, kind, str(value))
     # the line kept is the first that named a bound: the error, not a later repetition
     state.put("vllm_bounds", merged, old.line if old else line, old.line_no if old else n, keep="last")
-    if _ERROR_LINE.search(line):  # an INFO hint on a healthy start bounds nothing that failed
+    # an INFO hint on a healthy start bounds nothing that failed; the Mamba sentence is only ever
+    # raised, so it is the error even when a quote drops the exception's name
+    if _ERROR_LINE.search(line) or _SEQS_OVER_MAMBA_BLOCKS.search(line):
         state.put("vllm_error_bounds", found, line, n)
 
 
@@ -688,7 +692,7 @@ FORMATS: tuple[LogFormat, ...] = (
         versions="0.14.1-0.33.0 (--max-model-len auto)", source=_V1_KV),
     LogFormat(
         "mamba_blocks",
-        r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)",
+        r"(?:max_num_seqs \((\d+)\) )?exceeds available Mamba cache blocks \((\d+)\)",
         literals=("Mamba cache blocks",),
         puts=(number(1, "mamba_blocks", int, keep="min"),),
         marks="kv_sizing", wrappable=True,

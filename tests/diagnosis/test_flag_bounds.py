@@ -40,6 +40,8 @@ GRAPH_HINT = ("INFO 11-29 08:15:50 [v1/worker/gpu_worker.py:495] CUDA graph memo
     ("Please lower `--max-num-seqs` to no more than 48.", {"--max-num-seqs": {"at_most": 48}}),
     # the Mamba check's first sentence alone (pastes often stop there): the block count is the bound
     ("ValueError: max_num_seqs (640) exceeds available Mamba cache blocks (233).", {"--max-num-seqs": {"at_most": 233}}),
+    # a quote that starts at 'exceeds': vLLM raises the sentence only from its max_num_seqs check
+    ("`exceeds available Mamba cache blocks (41)... CUDA graph capture cannot proceed`", {"--max-num-seqs": {"at_most": 41}}),
 ])
 def test_reader_takes_the_bound_from_any_wording(message: str, expected: dict) -> None:
     assert read_flag_bounds(message) == expected
@@ -74,6 +76,12 @@ def test_mamba_first_sentence_alone_becomes_the_proposal() -> None:
     result = _diagnose(log)
     assert result.cause == "vllm-named-bound"
     assert [(c.name, c.after) for c in result.changes] == [("--max-num-seqs", "233")]
+
+
+def test_a_quoted_mamba_fragment_without_the_exception_name_is_still_the_error() -> None:
+    result = _diagnose("`exceeds available Mamba cache blocks (41)... CUDA graph capture cannot proceed`\n")
+    assert result.cause == "vllm-named-bound"
+    assert [(c.name, c.after) for c in result.changes] == [("--max-num-seqs", "41")]
 
 
 def test_hint_on_an_info_line_is_no_cause() -> None:
