@@ -127,6 +127,7 @@ def kv_diagnosis(evidence: Evidence | None = None, max_model_len: str = "18432")
 class RecordingChat:
     def __init__(self):
         self.posts: list[tuple[str, str]] = []  # (incident name, channel)
+        self.grouped: list[tuple[list[str], str]] = []  # (incident names, channel): post_group calls
         self.updates: list[tuple[str, str, MessageRef]] = []  # (incident name, state, message)
         self.replies: list[tuple[MessageRef, Note]] = []
         self.details: list[tuple[str, MessageRef]] = []  # (incident name, message): post_details calls
@@ -137,7 +138,7 @@ class RecordingChat:
         self.lookups: list[tuple[str, str]] = []  # find_posted calls: (channel, post_key)
         self._lock = threading.Lock()
 
-    def post_incident(self, incident, channel=None):
+    def post_incident(self, incident, channel=None, thread=None):
         if self.down:  # refused outright: certainly not posted
             raise ChatUnavailable("chat.postMessage: service_unavailable")
         with self._lock:
@@ -147,7 +148,14 @@ class RecordingChat:
                 self.keys[(ref.channel, incident.post_key)] = ref
             return ref
 
-    def find_posted(self, channel, post_key, since):
+    def post_group(self, incidents, channel=None):
+        if self.down:
+            raise ChatUnavailable("chat.postMessage: service_unavailable")
+        with self._lock:
+            self.grouped.append(([i.name for i in incidents], channel or "C0ALERTS"))
+            return MessageRef(channel=channel or "C0ALERTS", message_id=f"{len(self.grouped)}.0002")
+
+    def find_posted(self, channel, post_key, since, thread=None):
         if self.down:
             raise ChatUnavailable("conversations.history: service_unavailable")
         self.lookups.append((channel or "C0ALERTS", post_key))

@@ -96,8 +96,9 @@ class Messages:
         return False
 
     def reply(self, incident: Incident, clicked: MessageRef | None, note: Note) -> None:
-        """Reply in the thread of the clicked message, else of the incident's message."""
-        thread = clicked or incident.message_ref()
+        """Reply in the thread of the clicked message, else of the incident's message (for one
+        posted in its group's thread: that thread)."""
+        thread = incident.thread_of(clicked or incident.message_ref())
         if thread is None:
             log.info("incident %s has no message yet; not replying: %s", incident.name, note.summary)
             return
@@ -111,7 +112,7 @@ class Messages:
         record so): looked for in the threads of the incident's messages first. A thread that
         cannot be read does not stop the reply: a report said twice beats one never said."""
         assert note.key is not None
-        threads = [m for m in [incident.message_ref(), *incident.copies] if m is not None]
+        threads = [m for m in [incident.thread_of(incident.message_ref()), *incident.copies] if m is not None]
         for thread in threads:
             try:
                 if self.chat.find_reply(thread, note.key):

@@ -106,15 +106,23 @@ class IncidentStore(Protocol):
 
 
 class ChatPort(Protocol):
-    def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
-        """Post the incident's message (to its default channel when channel is None), carrying
-        `incident.post_key` so `find_posted` can recognise it later."""
+    def post_incident(self, incident: Incident, channel: str | None = None,
+                      thread: MessageRef | None = None) -> MessageRef:
+        """Post the incident's message (to its default channel when channel is None; in the thread
+        of `thread` when given: its group's), carrying `incident.post_key` so `find_posted` can
+        recognise it later. Its details follow in the same thread."""
 
-    def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
-        """The top-level message carrying `post_key` in `channel` (the default channel when None),
-        posted no earlier than `since` (less a margin for clock skew); None if there is none.
-        Raises ChatUnavailable when it cannot tell (the chat is down, or the history is too long
-        to read within its bounds): never None unless it really looked."""
+    def post_group(self, incidents: list[Incident], channel: str | None = None) -> MessageRef:
+        """One grouped message naming `incidents` (at most bot.app.grouping.GROUP_LINES), a line
+        each: the workload, the cause, the proposed change. Nothing to click: each incident's own
+        message follows in its thread."""
+
+    def find_posted(self, channel: str | None, post_key: str, since: datetime,
+                    thread: MessageRef | None = None) -> MessageRef | None:
+        """The message carrying `post_key` in `channel` (the default channel when None), top-level
+        or in the thread of `thread` when given, posted no earlier than `since` (less a margin for
+        clock skew); None if there is none. Raises ChatUnavailable when it cannot tell (the chat is
+        down, or the history is too long to read within its bounds): never None unless it really looked."""
 
     def update_incident(self, incident: Incident, message: MessageRef) -> None:
         """Re-render a posted message in place from the incident's current state."""

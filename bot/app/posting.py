@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from bot.app.cas import IncidentCas, noted
+from bot.app.grouping import Gathering
 from bot.app.links import LinkTemplates, incident_links
 from bot.app.messages import Messages
 from bot.app.metrics import Metrics
@@ -60,6 +61,7 @@ class Poster:
         self.cluster_name = cluster_name  # the sweep posts only this cluster's incidents
         self.store, self.chat, self.cas, self.messages = store, chat, cas, messages
         self.metrics, self.policy, self.clock = metrics, policy, clock
+        self.gathering = Gathering(clock)  # storms: a channel's backlog as grouped messages
 
     def new_lease(self) -> Lease:
         """A lease per posting attempt (not per replica: threads of one replica race too)."""
@@ -85,6 +87,8 @@ class Poster:
         incident = known if known is not None else self.store.get(name)
         if incident is None or incident.message_id:
             return incident
+        if incident.group is not None and self.gathering.busy(incident.chat_channel or ""):
+            return incident  # named in a group already: the channel's turns go to the storm's groups first
         holder = self.lease_holder(incident)
         if holder is not None and (lease is None or holder != lease.holder):
             return incident  # another thread or replica is posting it right now
@@ -99,18 +103,88 @@ class Poster:
         if earlier:
             try:
                 found = self.chat.find_posted(incident.chat_channel, incident.post_key or "",
-                                              incident.post_since or incident.first_seen)
+                                              incident.post_since or incident.first_seen, thread=incident.group)
             except ChatUnavailable as exc:
                 return self._lookup_failed(incident, exc)
             if found is not None:
                 return self._posted(incident, found, received_at, recovered=True)
         if not self.messages.shown_as_sealed(incident):
             return incident  # edited since the bot wrote it: never posted as the bot's own words
+        if incident.group is None:
+            return self._gather(incident, received_at)
+        return self._post_one(incident, received_at)  # its own message, in its group's thread
+
+    def _post_one(self, incident: Incident, received_at: float | None) -> Incident | None:
+        """Post the incident's own message: top-level, or in its group's thread."""
         try:
-            message = self.chat.post_incident(with_links(incident, self.policy.links), incident.chat_channel)
+            channel = incident.group.channel if incident.group is not None else incident.chat_channel
+            message = self.chat.post_incident(with_links(incident, self.policy.links), channel, thread=incident.group)
         except ChatUnavailable as exc:
             return self._post_failed(incident, exc, received_at)
         return self._posted(incident, message, received_at)
+
+    def _gather(self, incident: Incident, received_at: float | None) -> Incident | None:
+        """Wait for the channel's turn with the others waiting (bot/app/grouping.py). The first to
+        wait posts for all, turn by turn, until none are left; the others return at once, their
+        post lease kept (the leader posts them within it; past it the sweep takes over)."""
+        channel = incident.chat_channel or ""
+        if not self.gathering.join(channel, incident):
+            return incident
+        mine: Incident | None = incident
+        try:
+            while (batch := self.gathering.next_batch(channel)) is not None:
+                waiting = [i for i in map(self._still_waiting, batch.incidents) if i is not None]
+                if not waiting:
+                    continue
+                if batch.grouped:
+                    self._post_group(waiting)
+                    continue
+                one = waiting[0]
+                try:
+                    posted = self._post_one(one, received_at if one.name == incident.name else None)
+                except Exception:  # one incident's failure must not leave the others waiting
+                    log.exception("posting incident %s failed", one.name)
+                    continue
+                if one.name == incident.name:
+                    mine = posted
+        except BaseException:
+            self.gathering.abandon(channel)
+            raise
+        return mine if mine is not None and mine.message_id else self.store.get(incident.name)
+
+    @staticmethod
+    def _release(lease: Lease | None) -> Callable[[Incident], Incident | None]:
+        """Ends `lease` on the incident, unless someone else holds it by now."""
+        return lambda incident: incident.revised(post_lease=None) if incident.post_lease == lease else None
+
+    def _still_waiting(self, waited: Incident) -> Incident | None:
+        """The incident as it is now, if it still waits for this post: not posted or grouped
+        meanwhile, its lease still the one it waited with (else someone else took it over)."""
+        current = self.store.get(waited.name)
+        if current is None or current.message_id or current.group is not None \
+                or current.post_lease != waited.post_lease:
+            return None
+        return current
+
+    def _post_group(self, incidents: list[Incident]) -> None:
+        """One grouped message for `incidents`; each then records it as its top-level post."""
+        try:
+            group = self.chat.post_group(incidents, incidents[0].chat_channel)
+        except ChatUnavailable as exc:
+            log.warning("could not post the grouped message of %d incidents (%s); each is posted later",
+                        len(incidents), exc)
+            if not exc.ambiguous:  # certainly not posted: the sweep may post them at once
+                for inc in incidents:
+                    self.cas.mutate(inc.name, self._release(inc.post_lease))
+            return
+        log.info("posted %d incidents as one grouped message", len(incidents))
+        for inc in incidents:
+            try:
+                self.cas.mutate(inc.name, lambda cur: None if cur.message_id or cur.group else cur.grouped_in(
+                    group, noted(cur, self.clock(), f"named in a grouped message in {group.channel}; "
+                                 "its own message follows in that thread")))
+            except Exception:
+                log.exception("recording the grouped message on %s failed", inc.name)
 
     def post_pending(self) -> None:
         """Post the incidents whose post failed (the chat was down) or may not have happened."""
@@ -206,10 +280,11 @@ class Poster:
         right after the message, so an answer lost or a kill between the two leaves it out. Post it
         unless it is there; when the thread cannot be read, post nothing (a missing details reply
         costs less than a second one)."""
+        thread = incident.thread_of(message) or message  # a grouped incident's details sit beside it
         try:
-            if self.chat.find_details(message, incident.name):
+            if self.chat.find_details(thread, incident.name):
                 return
         except ChatUnavailable as exc:
             log.warning("could not check the thread of %s for its details (%s): not posting them", incident.name, exc)
             return
-        self.chat.post_details(incident, message)
+        self.chat.post_details(incident, thread)

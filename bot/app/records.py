@@ -164,6 +164,10 @@ class Incident(Model):
     alert_count: int = 1
     chat_channel: str | None = None  # where its message is (to be) posted; None: the alert channel
     message_id: str | None = None  # the chat's id of its message in chat_channel; None: not posted yet
+    # In a storm (bot/app/grouping.py) the incident is first a line of a grouped message, this one:
+    # that line is its top-level post, and its own message (Approve / Reject, details) is posted
+    # in this message's thread, never as a top-level message. None: its message is top-level.
+    group: MessageRef | None = None
     # Other messages that show this incident (`/vllm why` in another channel, the message a
     # re-diagnosis replaced): re-rendered with it, and a click counts only on one of these or its own.
     copies: list[MessageRef] = Field(default_factory=list)
@@ -193,6 +197,14 @@ class Incident(Model):
     def message_ref(self) -> MessageRef | None:
         return MessageRef(channel=self.chat_channel, message_id=self.message_id) \
             if self.chat_channel and self.message_id else None
+
+    def thread_of(self, message: MessageRef | None) -> MessageRef | None:
+        """The thread a reply about `message` goes in: the message itself, unless it is this
+        incident's own message posted in its group's thread (a chat thread has one level: the
+        reply goes in the group's thread, beside it)."""
+        if self.group is not None and (message is None or message == self.message_ref()):
+            return self.group
+        return message
     version: str | None = None  # store's concurrency token (resourceVersion or file mtime)
     # What the crash's collect read (bounded), for `/vllm why` once the previous log is gone
     # (bot/app/evidence_cache.py); None for records written before it, or without a previous log.
@@ -236,6 +248,11 @@ class Incident(Model):
         """Its message is `message` (posted, or found in the channel's history): the post lease ends."""
         return revised(self, chat_channel=message.channel, message_id=message.message_id, post_lease=None,
                        history=history)
+
+    def grouped_in(self, group: MessageRef, history: list[str]) -> Incident:
+        """Named by a line of the grouped message `group`: its own message goes in that thread next,
+        with a new identity (post_key) made when it is posted; the post lease ends."""
+        return revised(self, group=group, post_lease=None, post_key=None, post_since=None, history=history)
 
     def with_version(self, version: str) -> Incident:
         return revised(self, version=version)

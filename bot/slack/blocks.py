@@ -230,6 +230,45 @@ def incident_message(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[
     return fallback, _json(blocks)
 
 
+GROUP_LINE_LIMIT = 600  # one grouped line: the workload, the cause and the change, never a paragraph
+
+
+def group_line(incident: Incident) -> str:
+    """One workload of a grouped message (the incident already redacted): `namespace/name`, the
+    cause in words, the proposed change (before -> after) or "no change"."""
+    d = _diagnosis_of(incident)
+    p = incident.proposal
+    change = "; ".join(inline_code(line) for line in change_lines(p)) if p is not None and p.changes \
+        else "no change"
+    return f"{inline_code(f'{incident.namespace}/{incident.workload}')} · {escape(d.title)} · {change}"
+
+
+def group_message(incidents: list[Incident], redactor: Redactor = DEFAULT) -> tuple[str, list[dict[str, Any]]]:
+    """A storm's grouped message (bot/app/grouping.py): a header with the count, the count per
+    namespace, a line per workload (grouped by namespace), and where each one's own message is.
+    Within Slack's 50 blocks: the caller sends at most GROUP_LINES incidents. Redacted and escaped
+    as every other message; no buttons (they are on each incident's own message, in the thread)."""
+    if len(incidents) + 3 > MAX_BLOCKS:
+        raise ValueError(f"{len(incidents)} lines do not fit one message of {MAX_BLOCKS} blocks")
+    shown = sorted((_shown(i, redactor) for i in incidents), key=lambda i: (i.namespace, i.workload))
+    per_namespace: dict[str, int] = {}
+    for incident in shown:
+        per_namespace[incident.namespace] = per_namespace.get(incident.namespace, 0) + 1
+    n = len(shown)
+    title = f"{n} vLLM workload{'s' if n != 1 else ''} crashing"
+    cluster = shown[0].cluster if shown else ""
+    header = f"{cluster} · {title}"[:HeaderBlock.text_max_length]
+    counts = ", ".join(f"{escape(ns)} {count}" for ns, count in per_namespace.items())
+    blocks: list[Block] = [HeaderBlock(text=PlainTextObject(text=header, emoji=False)),
+                           _section(f"*By namespace:* {counts}", block_id="group-namespaces")]
+    blocks += [_section(fit(group_line(i), GROUP_LINE_LIMIT), block_id=f"group-line-{k}") for k, i in enumerate(shown)]
+    blocks.append(ContextBlock(block_id="group-thread", elements=[_mrkdwn(
+        "Each workload's own message, with Approve / Reject and its details, follows in this thread.")]))
+    names = ", ".join(f"{i.namespace}/{i.workload}" for i in shown)
+    fallback = escape(f"[{cluster}] {title}: {names}")[:3000]
+    return fallback, _json(blocks)
+
+
 def _diagnosis_of(incident: Incident) -> DiagnosisResult:
     return incident.diagnosis or DiagnosisResult(cause=incident.cause, title=incident.cause or "No known cause",
                                                  explanation="")

@@ -33,7 +33,7 @@ from bot.app.ports import ChatUnavailable
 from bot.app.records import Incident, MessageRef, Note
 from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
 from bot.diagnosis.redact import Redactor
-from bot.slack.blocks import incident_message, incident_thread, note_message
+from bot.slack.blocks import group_message, incident_message, incident_thread, note_message
 from bot.slack.notes import note_text
 from bot.slack.preflight import fix_for
 from bot.support.retrying import RetryPolicy
@@ -48,6 +48,7 @@ CHANNEL_REFUSED = {"channel_not_found", "not_in_channel", "is_archived", "restri
 SLACK_API_URL = "https://slack.com/api/"
 PACED = {"chat.postMessage": ChatWrite.POST, "chat.update": ChatWrite.UPDATE}  # Slack's rate-limited writes
 EVENT_TYPE = "vllm_oncall_incident"  # the metadata event type of every incident message
+GROUP_EVENT_TYPE = "vllm_oncall_group"  # a storm's grouped message (its incidents' names)
 DETAILS_EVENT_TYPE = "vllm_oncall_details"  # the thread reply that carries an incident's details
 NOTE_EVENT_TYPE = "vllm_oncall_note"  # ... and of a thread reply that must appear once (Note.key)
 # find_posted: how far before an attempt's start to look (Slack's clock against ours), and how much
@@ -218,23 +219,35 @@ class SlackChat:
 
     # ---- ChatPort ---------------------------------------------------------------------
 
-    def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
+    def post_incident(self, incident: Incident, channel: str | None = None,
+                      thread: MessageRef | None = None) -> MessageRef:
         text, blocks = incident_message(incident, self.redactor)
         # The message's identity travels with it, so a later attempt can find it (find_posted).
         metadata = {"event_type": EVENT_TYPE, "event_payload": {"incident": incident.name,
                                                                 "post_key": incident.post_key}} \
             if incident.post_key else None
+        in_thread = {"thread_ts": thread.message_id} if thread is not None else {}
         # Its turn must come inside the post's budget, or the post lease could run out while it waits.
+        resp = self.call("chat.postMessage", self.client.chat_postMessage, policy=self.post_retries,
+                         max_wait=self.post_wait, channel=channel or self.default_channel, **in_thread,
+                         text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
+        ref = MessageRef(channel=resp["channel"], message_id=resp["ts"])
+        # A thread has one level: the details of a message in its group's thread go beside it.
+        details = MessageRef(channel=ref.channel, message_id=thread.message_id) if thread is not None else ref
+        if self.pacer is None:
+            self.post_details(incident, details)
+        else:  # its turn comes a second later: the message's id is recorded meanwhile, not after it
+            threading.Thread(target=self.post_details, args=(incident, details), daemon=True,
+                             name="slack-details").start()
+        return ref
+
+    def post_group(self, incidents: list[Incident], channel: str | None = None) -> MessageRef:
+        text, blocks = group_message(incidents, self.redactor)
+        metadata = {"event_type": GROUP_EVENT_TYPE, "event_payload": {"incidents": [i.name for i in incidents]}}
         resp = self.call("chat.postMessage", self.client.chat_postMessage, policy=self.post_retries,
                          max_wait=self.post_wait, channel=channel or self.default_channel,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
-        ref = MessageRef(channel=resp["channel"], message_id=resp["ts"])
-        if self.pacer is None:
-            self.post_details(incident, ref)
-        else:  # its turn comes a second later: the message's id is recorded meanwhile, not after it
-            threading.Thread(target=self.post_details, args=(incident, ref), daemon=True,
-                             name="slack-details").start()
-        return ref
+        return MessageRef(channel=resp["channel"], message_id=resp["ts"])
 
     def post_details(self, incident: Incident, message: MessageRef) -> None:
         """The thread under the message: the memory picture, the budget, the command lines and the
@@ -249,15 +262,20 @@ class SlackChat:
         except ChatUnavailable as exc:
             log.warning("could not post the details of %s in its thread: %s", incident.name, exc)
 
-    def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
+    def find_posted(self, channel: str | None, post_key: str, since: datetime,
+                    thread: MessageRef | None = None) -> MessageRef | None:
         """The bot's own top-level message in `channel` whose metadata carries `post_key`, from
         conversations.history (needs channels:history / groups:history, and a channel ID, not a
         #name: Settings requires one). At most HISTORY_PAGES pages back to `since` less
         HISTORY_MARGIN; a longer history raises ChatUnavailable (cannot tell), never None."""
         channel = channel or self.default_channel
         oldest = f"{(since - HISTORY_MARGIN).timestamp():.6f}"
-        found = self._own_message("conversations.history", self.client.conversations_history, EVENT_TYPE,
-                                  "post_key", post_key, channel=channel, oldest=oldest)
+        if thread is not None:  # posted in its group's thread (a storm)
+            found = self._own_message("conversations.replies", self.client.conversations_replies, EVENT_TYPE,
+                                      "post_key", post_key, channel=channel, ts=thread.message_id, oldest=oldest)
+        else:
+            found = self._own_message("conversations.history", self.client.conversations_history, EVENT_TYPE,
+                                      "post_key", post_key, channel=channel, oldest=oldest)
         return MessageRef(channel=channel, message_id=str(found["ts"])) if found is not None else None
 
     def _own_message(self, method: str, fn: Callable[..., Any], event_type: str, field: str, value: str,

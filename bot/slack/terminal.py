@@ -11,7 +11,7 @@ from typing import TextIO
 
 from bot.app.records import Incident, MessageRef, Note
 from bot.diagnosis.redact import DEFAULT, Redactor
-from bot.slack.blocks import blocks_to_text, incident_message, incident_thread, note_message
+from bot.slack.blocks import blocks_to_text, group_message, incident_message, incident_thread, note_message
 from bot.slack.chat import audit_actor
 from bot.slack.escape import unescape
 from bot.slack.notes import note_text
@@ -34,13 +34,22 @@ class TerminalChat:
         self.out.write(f"\n{rule}\n{banner}\n{rule}\n{text}")
         self.out.flush()
 
-    def post_incident(self, incident: Incident, channel: str | None = None) -> MessageRef:
+    def post_incident(self, incident: Incident, channel: str | None = None,
+                      thread: MessageRef | None = None) -> MessageRef:
         ref = MessageRef(channel=channel or self.channel, message_id=f"{next(self._ids)}.000000")
         _, blocks = incident_message(incident, self.redactor)
-        self._print(f"Message posted to {ref.channel}", blocks_to_text(blocks))
-        self.post_details(incident, ref)
+        where = f"the thread of {thread.message_id} in {ref.channel}" if thread is not None else ref.channel
+        self._print(f"Message posted to {where}", blocks_to_text(blocks))
+        self.post_details(incident, MessageRef(channel=ref.channel, message_id=thread.message_id)
+                          if thread is not None else ref)
         if incident.post_key:
             self._keys[(ref.channel, incident.post_key)] = ref
+        return ref
+
+    def post_group(self, incidents: list[Incident], channel: str | None = None) -> MessageRef:
+        ref = MessageRef(channel=channel or self.channel, message_id=f"{next(self._ids)}.000000")
+        _, blocks = group_message(incidents, self.redactor)
+        self._print(f"Grouped message posted to {ref.channel}", blocks_to_text(blocks))
         return ref
 
     def post_details(self, incident: Incident, message: MessageRef) -> None:
@@ -52,7 +61,8 @@ class TerminalChat:
         """Only details this process printed (as find_posted)."""
         return (message.channel, message.message_id, incident_name) in self._details
 
-    def find_posted(self, channel: str | None, post_key: str, since: datetime) -> MessageRef | None:
+    def find_posted(self, channel: str | None, post_key: str, since: datetime,
+                    thread: MessageRef | None = None) -> MessageRef | None:
         """What this process printed with `post_key` (the terminal never loses an answer, so only a
         post this process made can be found; after a restart nothing is, and it prints again)."""
         return self._keys.get((channel or self.channel, post_key))

@@ -50,10 +50,10 @@ class DiesMidPost:
     def __init__(self, chat: SlackChat, when: str):
         self.chat, self.when = chat, when
 
-    def post_incident(self, incident, channel=None):
+    def post_incident(self, incident, channel=None, thread=None):
         if self.when == "before":
             raise Killed()
-        self.chat.post_incident(incident, channel)
+        self.chat.post_incident(incident, channel, thread)
         raise Killed()
 
     def __getattr__(self, name):

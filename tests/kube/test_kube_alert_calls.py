@@ -148,8 +148,8 @@ class RepeatWhilePosting:
     def __init__(self, chat: SlackChat):
         self.chat, self.repeat = chat, None
 
-    def post_incident(self, incident, channel=None):
-        message = self.chat.post_incident(incident, channel)
+    def post_incident(self, incident, channel=None, thread=None):
+        message = self.chat.post_incident(incident, channel, thread)
         if self.repeat is not None:
             repeat, self.repeat = self.repeat, None
             repeat()
