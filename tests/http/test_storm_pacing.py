@@ -6,7 +6,9 @@ chat.update a minute (429 with Retry-After) on a virtual clock; the bot's chat i
 real HTTP server and work queue, over a FakeCluster and a folder store (thousands of alerts
 through the Kubernetes stand-in would take minutes here).
 
-Measured: 300 crashing workloads are each posted once, named, with 0 rate-limit answers; a
+Measured: 300 crashing workloads are each named once at the top level (their message, or a line
+of a grouped message when the channel's backlog is a storm, bot/app/grouping.py), each with its
+own message and details (in its group's thread), with 0 rate-limit answers; a
 10,000-alert storm over 50 workloads folds its repeats into far fewer chat.update calls than
 the 785 of the unfolded bot (the number is printed); 100 crashes over 25 workloads meet no 429.
 """
@@ -29,7 +31,7 @@ from bot.cli.wiring import ChatClock, paced_chat
 from bot.diagnosis.redact import Redactor
 from bot.http.server import BotServer
 from bot.local.store import FolderIncidentStore
-from bot.slack.chat import make_client
+from bot.slack.chat import GROUP_EVENT_TYPE, make_client
 
 pytestmark = pytest.mark.integration
 
@@ -77,8 +79,25 @@ def world(slack, clock, tmp_path):
 
 
 def posted_workloads(slack) -> list[str]:
-    """The workload each top-level message is about (its fallback text names it)."""
-    return [m["text"].split("/", 1)[1].split(":", 1)[0] for m in slack.channel_messages("C0ALERTS")]
+    """The workload each top-level message is about (its fallback text names it), or each line of a
+    grouped message (a storm's backlog, bot/app/grouping.py) is about."""
+    named = []
+    for m in slack.channel_messages("C0ALERTS"):
+        if (m.get("metadata") or {}).get("event_type") == GROUP_EVENT_TYPE:
+            named += [b["text"]["text"].split("`")[1].split("/", 1)[1] for b in m["blocks"]
+                      if b.get("block_id", "").startswith("group-line-")]
+        else:
+            named.append(m["text"].split("/", 1)[1].split(":", 1)[0])
+    return named
+
+
+def last_shown(slack) -> dict[str, str]:
+    """Each message's blocks as last sent (posted, top-level or in a thread; then updated), by its ts."""
+    posted = slack.channel_messages("C0ALERTS") + [m for replies in slack.threads.values() for m in replies]
+    shown = {m["ts"]: json.dumps(m.get("blocks")) for m in posted}
+    for call in slack.delivered("chat.update"):
+        shown[call.params["ts"]] = json.dumps(call.params["blocks"])
+    return shown
 
 
 def send_all(server, bodies: list[bytes]) -> list[int]:
@@ -96,14 +115,15 @@ def test_300_crashing_workloads_are_each_posted_once_within_slacks_rate(world, s
     server = world(workloads=300)
     bodies = [batch([alert(pod_name(w, 0)) for w in range(i, i + 50)]) for i in range(0, 300, 50)]
     assert send_all(server, bodies) == [200] * 6
-    assert slack.wait_for(lambda: len(slack.channel_messages("C0ALERTS")) >= 300 and server.executor.wait_idle(1),
-                          120), len(slack.channel_messages("C0ALERTS"))
+    assert slack.wait_for(lambda: len(posted_workloads(slack)) >= 300 and server.executor.wait_idle(1),
+                          120), len(posted_workloads(slack))
     named = posted_workloads(slack)
     assert sorted(named) == sorted(f"vllm-w{w}" for w in range(300))  # every workload, no duplicates
-    assert all(i.message_id for i in server.service.store.list())
     assert slack.rate.limited == [] and slack.rate.early == []
-    # each message's details, in its thread, within the rate too
-    assert slack.wait_for(lambda: len(slack.details()) == 300, 120), len(slack.details())
+    # each incident's own message (in its group's thread, for a grouped one) and its details, within the rate too
+    store = server.service.store
+    assert slack.wait_for(lambda: all(i.message_id for i in store.list()) and len(slack.details()) == 300, 300), \
+        len(slack.details())
     assert slack.rate.limited == [] and slack.rate.early == []
 
 
@@ -113,16 +133,16 @@ def test_a_10000_alert_storm_over_50_workloads_folds_its_updates(world, slack):
     bodies = [batch([alert(pods[(i * 7 + j) % len(pods)]) for j in range(1000)]) for i in range(10)]
     assert send_all(server, bodies) == [200] * 10
     assert server.executor.wait_idle(120)
-    assert len(slack.channel_messages("C0ALERTS")) == 50
+    assert sorted(posted_workloads(slack)) == sorted(f"vllm-w{w}" for w in range(50))
+    store = server.service.store
+    assert slack.wait_for(lambda: all(i.message_id for i in store.list()), 300)  # grouped: in the group's thread
     updates = slack.attempts("chat.update")
     print(f"\n10,000 alerts over 50 workloads: {len(updates)} chat.update calls, "
           f"{len(slack.rate.limited)} rate-limit answers")
     assert len(updates) < 785 // 3
     assert slack.rate.early == []  # each 429 (if any) waited out before the next try
-    # the last update of each message shows its incident's final count: no repeat lost
-    shown = {}
-    for call in slack.delivered("chat.update"):
-        shown[call.params["ts"]] = json.dumps(call.params["blocks"])
+    # each message as last sent shows its incident's final count: no repeat lost
+    shown = last_shown(slack)
     for incident in server.service.store.list():
         if incident.alert_count > 1:
             assert f"{incident.alert_count} alert(s)" in shown[incident.message_id], incident.name
@@ -132,7 +152,9 @@ def test_100_crashes_over_25_workloads_meet_no_rate_limit(world, slack):
     server = world(workloads=25, replicas=4)
     assert send_all(server, [batch([alert(pod_name(w, r)) for w in range(25) for r in range(4)])]) == [200]
     assert server.executor.wait_idle(120)
-    assert len(slack.channel_messages("C0ALERTS")) == 25
+    assert sorted(posted_workloads(slack)) == sorted(f"vllm-w{w}" for w in range(25))
+    store = server.service.store
+    assert slack.wait_for(lambda: all(i.message_id for i in store.list()) and len(slack.details()) == 25, 300)
     assert slack.rate.limited == [] and slack.rate.early == []
 
 
