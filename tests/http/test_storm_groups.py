@@ -153,7 +153,7 @@ def group_lines(slack) -> list[str]:
 def own_messages_in_threads(slack) -> dict[str, tuple[str, dict]]:
     """incident name -> (the group's ts, its own message) for every incident message in a thread."""
     found = {}
-    for (channel, parent), replies in slack.threads.items():
+    for (_channel, parent), replies in slack.threads.items():
         for message in replies:
             if kind(message) == EVENT_TYPE:
                 found[message["metadata"]["event_payload"]["incident"]] = (parent, message)
