@@ -2,7 +2,8 @@
 
 Screenshots are not possible, so the docs show the text of three messages as the terminal chat
 renders Slack's blocks: a KV-cache incident (the bundled demo incident), a weights / tensor
-parallelism one and one with no change but advice; each message with its details thread. The
+parallelism one and one with no change but advice; each message with its details thread; then
+a storm's grouped message naming them. The
 section between the markers is replaced; tests/slack/test_slack_doc.py fails when it is stale.
 
     python tests/tools/slack_messages.py          # rewrite docs/slack.md
@@ -22,7 +23,7 @@ from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.evidence import load_bundle
 from bot.diagnosis.models import revised
 from bot.local.cluster import LocalCluster
-from bot.slack.blocks import blocks_to_text, incident_message, incident_thread
+from bot.slack.blocks import blocks_to_text, group_message, incident_message, incident_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "slack.md"
@@ -61,6 +62,14 @@ def rendered() -> str:
                       blocks_to_text(incident_message(incident)[1]).rstrip(), "````", "",
                       "Its details thread, posted with it:", "", "````text",
                       blocks_to_text(incident_thread(incident)[1]).rstrip(), "````", ""]
+        # A storm (bot/app/grouping.py): the three above among other crashing workloads, as the
+        # grouped message names them; each one's own message above then follows in its thread.
+        storm = [incident_of(bundle, Path(tmp) / str(i)) for i, (_, bundle) in enumerate(EXAMPLES)]
+        storm += [s.revised(namespace="research", workload=f"{s.workload}-{k}", name=f"vllm-incident-{k}")
+                  for k, s in enumerate(storm[:1] * 2, start=2)]
+        parts += ["#### A storm: the grouped message", "",
+                  "Five of them crashing at once (more than 3 waiting for the channel's turn):", "", "````text",
+                  blocks_to_text(group_message(storm)[1]).rstrip(), "````", ""]
     return "\n".join([*parts, END])
 
 
