@@ -15,9 +15,10 @@ with the senders.
 - repeats: the same alerts again (the same crash, unchanged): CPU per repeat.
 - 5 MB log: new incidents whose previous log is 5 MB, one at a time: CPU per alert.
 - burst: 250 Deployments (10,000 pods in the namespace) crash at once; the bot finds them with its
-  pod watch (VLLM_ONCALL_WATCH). First and last message after the crashes, messages per workload,
-  CPU per workload. The Slack stand-in does not rate-limit: Slack's own rate (about one message a
-  second per channel) is not applied here.
+  pod watch (VLLM_ONCALL_WATCH). First and last time a workload is named at the top level (its
+  message, or a line of a grouped message) after the crashes, times named per workload, CPU per
+  workload. The Slack stand-in applies Slack's rate (one post a second per channel, about 50
+  updates a minute, 429 past it) on the real clock, so a storm's backlog is grouped.
 - the floor: a plain HTTP client (http.client, one kept-alive connection per sender) making the
   same requests a new alert costs the bot, counted on the stand-ins during the 1-sender level
   (the GETs as the bot sent them; the writes with bodies of the same size), at the same
@@ -58,7 +59,7 @@ from builders import kubeconfig_for  # noqa: E402
 from kubeapi import server as kubeapi_server  # noqa: E402
 from kubeapi.objects import container, crashing_deployment, deployment, node, start_pod  # noqa: E402
 from kubeapi.server import FakeKube  # noqa: E402
-from slackapi import SlackStandIn  # noqa: E402
+from slackapi import RateLimit, SlackStandIn  # noqa: E402
 
 LOG = (ROOT / "examples" / "incident" / "bundle" / "previous.log").read_text()
 NS, BURST_NS, TOKEN = "inference", "burst", "bench-token"
@@ -360,8 +361,38 @@ def alerts_run(levels: list[int], workers: int, folder: Path) -> dict[str, Any]:
     return out
 
 
+class NamedPosts(Posts):
+    """The first time each workload is named at the top level: its own message, or a line of a storm's
+    grouped message (bot/app/grouping.py)."""
+
+    def _run(self) -> None:
+        while not self._stop:
+            self.slack.wait_for(lambda: self._stop or len(self.slack.calls) > self._seen, 1)
+            calls = self.slack.calls[self._seen:]
+            self._seen += len(calls)
+            with self._lock:
+                for call in calls:
+                    if call.method != "chat.postMessage" or call.params.get("thread_ts") or not call.ok:
+                        continue
+                    if (call.params.get("metadata") or {}).get("event_type") == "vllm_oncall_group":
+                        self.groups += 1
+                        named = [b["text"]["text"].split("`")[1].rsplit("/", 1)[-1] for b in call.params["blocks"]
+                                 if str(b.get("block_id", "")).startswith("group-line-")]
+                    else:
+                        named = [str(call.params.get("text") or "").split(": ", 1)[0].rsplit("/", 1)[-1]]
+                    for workload in named:
+                        self.count[workload] += 1
+                        self.first.setdefault(workload, call.at)
+                self._lock.notify_all()
+
+    groups = 0
+
+
 def burst_run(workloads: int, total_pods: int, workers: int, folder: Path) -> dict[str, Any]:
     kube, slack = FakeKube().start(), SlackStandIn().start()
+    # Slack's own rate, on the real clock: one post per second per channel, ~50 updates a minute
+    # (429 with Retry-After past it); the bot paces itself and groups a storm's backlog.
+    slack.rate = RateLimit(time.monotonic)
     kube.put(node())
     c = [container(command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"], args=VLLM_ARGS)]
     names, pods = [], []
@@ -378,7 +409,7 @@ def burst_run(workloads: int, total_pods: int, workers: int, folder: Path) -> di
             pod["metadata"].pop(key, None)
         kube.put(pod)
     bot = BotProcess(kube, slack, folder, workers, watch=BURST_NS)
-    posts = Posts(slack)
+    posts = NamedPosts(slack)
     try:
         if not kube.wait_for_watchers(1, timeout=600):  # the initial list of 10,000 pods, on a busy machine
             raise SystemExit("the pod watch never started")
@@ -403,8 +434,10 @@ def burst_run(workloads: int, total_pods: int, workers: int, folder: Path) -> di
         cpu = bot.cpu() - cpu0
         time.sleep(2)  # a second message per workload would come now, if the bot sent one
         counts = [posts.count[n] for n in names]
+        top = [c for c in slack.delivered("chat.postMessage") if not c.params.get("thread_ts")]
         return {"first": times[0] - start, "last": times[-1] - start, "cpu": cpu / workloads,
-                "per_workload": (min(counts), max(counts)), "rss": bot.rss_mib()}
+                "per_workload": (min(counts), max(counts)), "rss": bot.rss_mib(),
+                "top_level": len(top), "groups": posts.groups, "limited": len(slack.rate.limited)}
     finally:
         posts.stop()
         bot.stop()
@@ -436,8 +469,9 @@ def main() -> int:
                 bursts.append(burst_run(args.burst, args.burst_pods, args.workers, Path(tmp)))
                 b = bursts[-1]
                 print(f"run {run + 1}: burst first {b['first']:.2f} s last {b['last']:.2f} s, "
-                      f"{b['cpu'] * 1000:.0f} ms cpu/workload, messages/workload {b['per_workload']}",
-                      file=sys.stderr, flush=True)
+                      f"{b['cpu'] * 1000:.0f} ms cpu/workload, named/workload {b['per_workload']}, "
+                      f"{b['top_level']} top-level messages ({b['groups']} grouped), "
+                      f"{b['limited']} rate-limit answers", file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     report(runs, bursts, levels, args, load_before, load_after)
     return 0
@@ -468,7 +502,10 @@ def report(runs: list[dict[str, Any]], bursts: list[dict[str, Any]], levels: lis
         floor_rate = med([run["floor"][levels[-1]]["rate"] for run in runs])
         print(f"\nburst: {args.burst} workloads crash at once ({args.burst_pods} pods), pod watch: first message "
               f"{med([b['first'] for b in bursts]):.2f} s, last {med([b['last'] for b in bursts]):.2f} s after the "
-              f"crashes; messages per workload {min(b['per_workload'][0] for b in bursts)}.."
+              f"crashes, at Slack's rate (1 post/s per channel): {med([b['top_level'] for b in bursts]):.0f} top-level "
+              f"messages, {med([b['groups'] for b in bursts]):.0f} of them grouped, "
+              f"{max(b['limited'] for b in bursts)} rate-limit answers; named per workload "
+              f"{min(b['per_workload'][0] for b in bursts)}.."
               f"{max(b['per_workload'][1] for b in bursts)}; {med([b['cpu'] for b in bursts]) * 1000:.0f} ms CPU per "
               f"workload; RSS {med([b['rss'] for b in bursts]):.0f} MiB; the floor for the same requests at "
               f"{levels[-1]} senders: {args.burst / floor_rate:.1f} s")
