@@ -133,7 +133,10 @@ class Poster:
         mine: Incident | None = incident
         try:
             while (batch := self.gathering.next_batch(channel)) is not None:
-                waiting = [i for i in map(self._still_waiting, batch.incidents) if i is not None]
+                # The caller's own incident is as it just wrote or read it (a stale one only costs a
+                # CAS conflict later); the others waited, and are read again.
+                waiting = [i for i in (w if w.name == incident.name else self._still_waiting(w)
+                                       for w in batch.incidents) if i is not None]
                 if not waiting:
                     continue
                 if batch.grouped:
