@@ -396,7 +396,10 @@ def utilization_lower_for_headroom(ctx: Context) -> Computed | None:
     if not total or s.get("free_at_start_gib") is not None:
         return None  # vLLM said how much was free: only that number can size the budget
     tried, free = s.get("oom_tried_gib"), s.get("oom_free_gib")
-    if s.get("stage") == "kv_allocation" and tried is not None and free is not None:
+    past = s.get("oom_past_budget_gib") if s.get("npu_oom_past_budget") else None
+    if past is not None:
+        room = past + 1.0  # what the device held beyond the old budget, and a margin
+    elif s.get("stage") == "kv_allocation" and tried is not None and free is not None:
         room = max(tried - free, 0.0) + 1.0  # only the shortfall, not the whole KV tensor
     else:
         room = max(s.get("graph_gib") or 0.0, tried or 0.0, 1.0)
@@ -404,7 +407,8 @@ def utilization_lower_for_headroom(ctx: Context) -> Computed | None:
     if new <= 0.3 or new >= util:
         return None
     held = s.get("oom_allocated_gib")
-    if held is not None and s.get("stage") == "kv_allocation" and new * total < held + 1.0:
+    # (past the budget, what is held already includes the overrun KV tensors: the margin above is the check)
+    if held is not None and past is None and s.get("stage") == "kv_allocation" and new * total < held + 1.0:
         return None  # the new budget would not even cover what vLLM held before the KV cache
     text = f"{util} - {gib(room)} / {gib(total)} = {util - room / total:.4f}, rounded down to {fmt_util(new)}"
     return Computed(after=fmt_util(new), before=before_text(raw, util), arithmetic=text + ".")

@@ -137,6 +137,7 @@ FACTS: dict[str, str] = {
     "oom_reserved_gib": "PyTorch 2.0: memory PyTorch had reserved at the OOM",
     "oom_reserved_unallocated_gib": "reserved by PyTorch but unallocated (fragmentation) at the OOM",
     "oom": "a CUDA out-of-memory message",
+    "oom_on_npu": "the out-of-memory message is torch_npu's (an Ascend NPU)",
     "torch_oom_format": "'2.0' or '2.1+': which PyTorch OOM layout the log has",
     "oom_private_pools_gib": "memory allocated in private pools (CUDA graphs) at the OOM",
     "oom_this_process_gib": "memory this process held at the OOM, non-PyTorch memory included",
@@ -838,6 +839,13 @@ FORMATS: tuple[LogFormat, ...] = (
         wrappable=True,
         versions="torch <=2.0.1; torch_npu (Ascend) 2.1-2.8 keeps this layout with '(NPU 0; ...; X current active; ...)'",
         source=_TORCH_OOM + "; torch_npu NPUCachingAllocator.cpp 'NPU out of memory. Tried to allocate'"),
+    LogFormat(
+        "npu_oom", r"NPU out of memory",
+        literals=("NPU out of memory",),
+        puts=(flag("oom_on_npu"),),
+        wrappable=True,
+        versions="torch_npu 2.1-2.8 (vllm-ascend 0.7-0.21)",
+        source="torch_npu NPUCachingAllocator.cpp 'NPU out of memory. Tried to allocate'"),
     LogFormat(
         "torch_oom_21",
         r"Tried to allocate " + _SIZE + r"\. GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE

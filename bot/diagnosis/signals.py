@@ -56,6 +56,9 @@ DERIVED = {
     "fragmented_far": "reserved-but-unallocated memory at the OOM is at least twice the request (and 1 GiB) and below "
                       "what PyTorch had allocated: the room was there, split",
     "shm_volume_short": "the pod's memory-backed /dev/shm has a sizeLimit and the log says shared memory ran out",
+    "npu_oom_past_budget": "an Ascend NPU ran out while PyTorch already held more than --gpu-memory-utilization's share "
+                           "of the card: vllm-ascend's own plan overran its budget, not a split cache",
+    "oom_past_budget_gib": "how far PyTorch's allocated memory plus the failed request went past the utilization budget",
     "named_bound_flag": "the first vLLM flag an error message names with a bound ('lower max_num_seqs to at most 854')",
 }
 
@@ -123,6 +126,7 @@ def compute(facts: LogFacts, pod: PodView, node: NodeView, cmd: ParsedCommand) -
     _parallelism(s, facts, cmd)
     _gpu_size(s, facts, node)
     _memory_at_oom(s, facts)
+    _npu_past_budget(s, facts, cmd)
     _kv_capacity(s, facts, cmd)
     _weights_estimate(s, facts, cmd)
     bounds = facts.get("vllm_error_bounds") or {}
@@ -223,6 +227,22 @@ def _memory_at_oom(s: Signals, facts: LogFacts) -> None:
         # one allocation of many GiB at start-up is a dummy batch's activations, not a weight or a KV block
         s.set("large_single_allocation", tried >= max(2.0, 0.08 * o_total), facts.line_of("oom_tried_gib"))
     s.set("oom_any", bool(facts.get("oom") or facts.get("cuda_driver_oom")))
+
+
+def _npu_past_budget(s: Signals, facts: LogFacts, cmd: ParsedCommand) -> None:
+    """vllm-ascend's NPU worker can allocate past the budget it sized the KV cache for: it did not count
+    graph-capture memory before vllm-ascend#8289 (2026-04) and allocated Qwen3-Next's shared hybrid cache
+    once per layer (vllm-ascend#3368). PyTorch then holds more than utilization x total when the next KV
+    tensor fails, and a few GiB of cached remainder look like fragmentation; the maintainers' fix in those
+    threads is a lower --gpu-memory-utilization. CUDA's caching allocator reports no such overrun."""
+    tried, total, allocated = facts.get("oom_tried_gib"), facts.get("oom_total_gib"), facts.get("oom_allocated_gib")
+    if not (facts.get("oom_on_npu") and tried is not None and total and allocated is not None):
+        return
+    util = _num(cmd.get("--gpu-memory-utilization")) or _num(facts.get("gpu_memory_utilization")) or 0.9
+    past = allocated + tried - util * total
+    line = facts.line_of("oom_tried_gib")
+    s.set("oom_past_budget_gib", round(past, 2), line)
+    s.set("npu_oom_past_budget", past >= max(1.0, 0.02 * total), line)
 
 
 def _others_at_oom(facts: LogFacts) -> float:

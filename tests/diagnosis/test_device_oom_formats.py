@@ -113,3 +113,40 @@ def test_tpu_hbm_exhausted_while_loading_fits_the_tpu_pod(tmp_path, devices) -> 
             assert change.name == f"limits.{resource}" and int(change.after or 0) <= devices
         if change.name == "--tensor-parallel-size":
             assert int(change.after or 0) <= devices
+
+
+def _npu_kv_oom(tried: str, allocated: str, free: str, reserved: str) -> str:
+    # torch_npu's layout, raised while vllm-ascend allocates the KV-cache tensors it sized
+    return ('  File "/vllm-workspace/vllm-ascend/vllm_ascend/worker/model_runner_v1.py", line 10, in initialize_kv_cache\n'
+            f"RuntimeError: NPU out of memory. Tried to allocate {tried} (NPU 0; 61.00 GiB total capacity; {allocated} already "
+            f"allocated; {allocated} current active; {free} free; {reserved} reserved in total by PyTorch) If reserved "
+            "memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.\n")
+
+
+def _ascend_pod_at(utilization: str) -> dict:
+    resource, _ = VENDORS["ascend"]
+    pod = vendor_pod(resource, 4)
+    pod["spec"]["containers"][0]["args"] += ["--tensor-parallel-size", "4", "--gpu-memory-utilization", utilization]
+    return pod
+
+
+def test_npu_past_its_utilization_budget_lowers_utilization_not_the_allocator(tmp_path) -> None:
+    # 0.8 x 61 = 48.8 GiB budget, yet PyTorch holds 52 GiB and asks 1.5 more: a cached remainder of 3 GiB covers
+    # the request, but the plan itself went past the budget (vllm-ascend#3368, #8289): the threads lowered utilization
+    resource, labels = VENDORS["ascend"]
+    log = _npu_kv_oom("1.50 GiB", "52.00 GiB", "1.40 GiB", "55.00 GiB")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, _ascend_pod_at("0.8"), vendor_node(resource, labels, 4))))
+    assert result.cause == "shared-gpu-free-memory"
+    change = next(c for c in result.changes if c.name == "--gpu-memory-utilization")
+    # 52 + 1.5 - 48.8 = 4.7 GiB past the budget, 1 GiB margin: 0.8 - 5.7 / 61 = 0.7066
+    assert change.after == "0.70"
+    assert not [c for c in result.changes if c.kind == "env"]
+
+
+def test_npu_within_its_budget_with_a_split_cache_is_still_fragmentation(tmp_path) -> None:
+    # 0.95 x 61 = 57.95 GiB budget; 44 GiB held, 1.5 asked, 15.5 GiB cached but unallocated: the room was there, split
+    resource, labels = VENDORS["ascend"]
+    log = _npu_kv_oom("1.50 GiB", "44.00 GiB", "1.00 GiB", "59.50 GiB")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, _ascend_pod_at("0.95"), vendor_node(resource, labels, 4))))
+    assert result.cause == "allocator-fragmentation"
+    assert [(c.kind, c.name) for c in result.changes] == [("env", "PYTORCH_NPU_ALLOC_CONF")]
