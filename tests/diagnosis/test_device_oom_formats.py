@@ -131,10 +131,11 @@ def _ascend_pod_at(utilization: str) -> dict:
 
 
 def test_npu_past_its_utilization_budget_lowers_utilization_not_the_allocator(tmp_path) -> None:
-    # 0.8 x 61 = 48.8 GiB budget, yet PyTorch holds 52 GiB and asks 1.5 more: a cached remainder of 3 GiB covers
-    # the request, but the plan itself went past the budget (vllm-ascend#3368, #8289): the threads lowered utilization
+    # 0.8 x 61 = 48.8 GiB budget, yet PyTorch holds 52 GiB and asks 1.5 more: a cached remainder of 6.5 GiB covers
+    # the request, but the plan itself went past the budget (vllm-ascend#3368, #8289): the threads lowered utilization;
+    # no other process holds the rest (61 - 1.4 free - 58.5 reserved = 1.1 GiB)
     resource, labels = VENDORS["ascend"]
-    log = _npu_kv_oom("1.50 GiB", "52.00 GiB", "1.40 GiB", "55.00 GiB")
+    log = _npu_kv_oom("1.50 GiB", "52.00 GiB", "1.40 GiB", "58.50 GiB")
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, _ascend_pod_at("0.8"), vendor_node(resource, labels, 4))))
     assert result.cause == "shared-gpu-free-memory"
     change = next(c for c in result.changes if c.name == "--gpu-memory-utilization")
@@ -150,3 +151,12 @@ def test_npu_within_its_budget_with_a_split_cache_is_still_fragmentation(tmp_pat
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, _ascend_pod_at("0.95"), vendor_node(resource, labels, 4))))
     assert result.cause == "allocator-fragmentation"
     assert [(c.kind, c.name) for c in result.changes] == [("env", "PYTORCH_NPU_ALLOC_CONF")]
+
+
+def test_npu_past_its_budget_in_the_profile_run_is_not_read_as_the_kv_plan(tmp_path) -> None:
+    # the same overrun raised from the dummy forward pass: that is the profile run's peak, not the KV plan
+    resource, labels = VENDORS["ascend"]
+    log = _npu_kv_oom("1.50 GiB", "52.00 GiB", "1.40 GiB", "58.50 GiB").replace(
+        "initialize_kv_cache", "profile_run")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, _ascend_pod_at("0.8"), vendor_node(resource, labels, 4))))
+    assert result.cause != "shared-gpu-free-memory"
