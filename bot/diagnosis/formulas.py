@@ -214,6 +214,39 @@ def max_model_len_that_fits(ctx: Context) -> Computed | None:
                     arithmetic=text + ".")
 
 
+CPU_KV_SPACE_DEFAULT_GIB = 4  # what vLLM's CPU backend uses when VLLM_CPU_KVCACHE_SPACE is unset or 0
+
+
+@formula
+def cpu_kv_space_for_context(ctx: Context) -> Computed | None:
+    """vLLM's CPU backend sizes the KV pool from VLLM_CPU_KVCACHE_SPACE (GiB of host memory): scale it to the context.
+
+    Only when the refusal names the variable (the V0 CPU worker's wording) and the pod's memory limit still holds
+    the weights and the larger pool; otherwise the playbook's next fix (a shorter context) is tried.
+    """
+    s = ctx.signals
+    capacity, wanted = s.get("kv_capacity_tokens"), s.get("max_model_len")
+    container = ctx.pod.container
+    if not s.get("kv_pool_cpu_space") or not capacity or not wanted or capacity >= wanted or container is None:
+        return None
+    raw = container.env.get("VLLM_CPU_KVCACHE_SPACE")
+    try:
+        current = int(raw) if raw not in (None, "") else 0
+    except ValueError:
+        return None  # not a whole number of GiB: leave it to a person
+    space = current or CPU_KV_SPACE_DEFAULT_GIB
+    new = math.ceil(space * wanted / capacity)
+    text = (f"{capacity:,} tokens fit in {space} GiB{'' if current else ' (the default when it is unset)'}, so "
+            f"{wanted:,} tokens need {space} x {wanted:,} / {capacity:,} = {space * wanted / capacity:.1f} GiB, "
+            f"rounded up to {new}")
+    limit, weights = s.get("memory_limit_bytes"), s.get("weights_estimate_gib")
+    if limit:
+        if weights is None or weights + new + MARGIN_GIB > limit / 2**30:
+            return None  # the pool lives in the container's memory: a larger one must fit under its limit
+        text += f"; with the weights ({gib(weights)}) it stays under the {gib(limit / 2**30)} memory limit"
+    return Computed(after=str(new), before=raw, arithmetic=text + ".")
+
+
 @formula
 def max_model_len_of_model(ctx: Context) -> Computed | None:
     """vLLM refused a --max-model-len above the model's own context: serve the model's context."""

@@ -165,6 +165,7 @@ FACTS: dict[str, str] = {
     "sleep_freed_gib": "memory a sleep-mode instance freed when it fell asleep",
     "sleep_held_gib": "memory a sleeping instance still holds (it counts against a co-located pod's free memory)",
     "kv_pool_pinned": "--kv-cache-memory-bytes fixed the KV pool (profiling skipped, utilization not used for KV)",
+    "kv_pool_cpu_space": "vLLM's CPU backend sized the KV pool from VLLM_CPU_KVCACHE_SPACE (its KV refusal names it)",
     "vllm_bounds": "bounds vLLM's own messages name for its flags: {'--max-num-seqs': {'at_most': 854}, ...}, in the "
                    "order printed (see `flag_bounds`)",
     "vllm_error_bounds": "the same, from error lines only (an exception or an ERROR line: the reason start-up stopped)",
@@ -628,6 +629,13 @@ FORMATS: tuple[LogFormat, ...] = (
         puts=(number(0, "required_len", int), number(1, "kv_capacity_tokens", int, keep="min")),
         marks="kv_sizing", wrappable=True,
         versions="0.4.0-0.10.2 (V0; also V1 0.6.4-0.6.6)", source="vllm/worker/worker.py raise_if_cache_size_invalid"),
+    LogFormat(
+        # the V0 CPU worker's refusals name the variable that sized the pool, not --gpu-memory-utilization
+        "cpu_kv_space", r"Try increasing `VLLM_CPU_KVCACHE_SPACE`",
+        literals=("VLLM_CPU_KVCACHE_SPACE",),
+        puts=(flag("kv_pool_cpu_space"),),
+        versions="V0 CPU backend ('max seq len' and 'No available memory' refusals; V1's CPU backend uses the GPU wording)",
+        source="vllm/executor/cpu_executor.py _init_cache, later vllm/worker/cpu_worker.py _validate_num_cpu_blocks"),
     LogFormat(
         "v1_maxlen",
         # the literal verbatim, the rest in any case: the prefilter only lets lines holding the

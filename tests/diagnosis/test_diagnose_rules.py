@@ -354,3 +354,32 @@ def test_others_on_the_gpu_do_not_hide_weights_bigger_than_the_whole_gpu(tmp_pat
     result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod, make_node("NVIDIA-A100-SXM4-80GB", 81920, 4))))
     assert result.cause == "weights-exceed-gpu"
     assert changes_of(result)[("flag", "--tensor-parallel-size")] == ("1", "4")
+
+
+CPU_KV_REFUSAL = ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
+                  "stored in KV cache (8192). Try increasing `VLLM_CPU_KVCACHE_SPACE` or decreasing `max_model_len` "
+                  "when initializing the engine.\n")
+
+
+def test_cpu_backend_kv_refusal_scales_the_kv_space_that_sized_the_pool(tmp_path):
+    """vLLM's V0 CPU worker names VLLM_CPU_KVCACHE_SPACE: the pool scales to the context when the memory limit holds it."""
+    pod = make_pod(args=["--model", "org/Chat-7B"], memory="64Gi", env={"VLLM_CPU_KVCACHE_SPACE": "8"})
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", CPU_KV_REFUSAL, pod)))
+    assert result.cause == "kv-cache-max-model-len"
+    assert changes_of(result) == {("env", "VLLM_CPU_KVCACHE_SPACE"): ("8", "32")}
+
+
+def test_cpu_backend_kv_space_that_would_outgrow_the_memory_limit_gives_way_to_a_shorter_context(tmp_path):
+    pod = make_pod(args=["--model", "org/Chat-7B"], memory="32Gi", env={"VLLM_CPU_KVCACHE_SPACE": "8"})
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", CPU_KV_REFUSAL, pod)))
+    assert result.cause == "kv-cache-max-model-len"
+    assert [(c.kind, c.name) for c in result.changes] == [("flag", "--max-model-len")]
+    assert int(result.changes[0].after) <= 8192
+
+
+def test_gpu_kv_refusal_never_touches_the_cpu_kv_space(tmp_path):
+    log = CPU_KV_REFUSAL.replace("`VLLM_CPU_KVCACHE_SPACE`", "`gpu_memory_utilization`")
+    pod = make_pod(args=["--model", "org/Chat-7B"], memory="64Gi")
+    result = diagnose(load_bundle(write_bundle(tmp_path / "b", log, pod)))
+    assert result.cause == "kv-cache-max-model-len"
+    assert ("env", "VLLM_CPU_KVCACHE_SPACE") not in changes_of(result)
