@@ -34,11 +34,7 @@ MAX_DECISIVE_CHARS = 1500  # the decisive (first) line is quoted whole: vLLM's e
 
 def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) -> DiagnosisResult:
     books = list(playbooks) if playbooks is not None else list(default_playbooks())
-    literals = [lit for b in books for lit in b.literals()]
-    try:
-        facts = extract(evidence.log, literals)
-    except OSError as exc:
-        raise BundleError(f"{evidence.log.describe()}: cannot read the log ({exc.strerror or exc})") from None
+    facts = _read_log(evidence, books)
     pod = pod_view(evidence)
     node = node_view(evidence)
     container = pod.container
@@ -93,6 +89,14 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
         )
 
     return _unknown(facts, signals, {**base, "findings": podspec.findings(ctx, None)})
+
+
+def _read_log(evidence: Evidence, books: list[Playbook]) -> LogFacts:
+    """The one pass over the log, looking for every playbook's literals too."""
+    try:
+        return extract(evidence.log, [lit for b in books for lit in b.literals()])
+    except OSError as exc:
+        raise BundleError(f"{evidence.log.describe()}: cannot read the log ({exc.strerror or exc})") from None
 
 
 def _measured_kv(memory: levers.MemoryModel, signals: Signals) -> float | None:
