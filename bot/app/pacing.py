@@ -9,6 +9,9 @@ while it still holds the turn (bot.support.retrying honours it), so no other cal
 runs into the same wall and no 429 is answered twice. A top-level incident post may not wait longer than its post budget (the post
 lease must still hold when it is sent): past that it is not sent now (`TurnTooFar`) and stays
 pending; the sweep posts it when the channel has a turn (bot/app/posting.py).
+
+An interval of 0 means unpaced: that kind of write takes no turn at all (no wait, no lock), for a
+Slack-compatible endpoint with other limits (VLLM_ONCALL_SLACK_POST_INTERVAL / _UPDATE_INTERVAL).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ class ChatWrite(StrEnum):
 
 @dataclass(frozen=True)
 class PaceRules:
-    post_interval: float = 1.0  # seconds between two posts in one channel
-    update_interval: float = 1.2  # seconds between two updates: 50 a minute
+    post_interval: float = 1.0  # seconds between two posts in one channel (0: unpaced)
+    update_interval: float = 1.2  # seconds between two updates: 50 a minute (0: unpaced)
 
 
 class TurnTooFar(Exception):
@@ -60,6 +63,8 @@ class Pacer:
 
     def expected_wait(self, kind: ChatWrite, channel: str) -> float:
         """Seconds until a turn asked for now would come: the next turn plus everyone queued."""
+        if self._interval(kind) <= 0:
+            return 0.0
         key = self._key(kind, channel)
         with self._guard:
             ahead = self._queued.get(key, 0) * self._interval(kind)
@@ -68,6 +73,9 @@ class Pacer:
     @contextmanager
     def turn(self, kind: ChatWrite, channel: str, max_wait: float | None = None) -> Iterator[None]:
         """Wait for the turn, hold it while the caller writes (and retries), then space the next."""
+        if self._interval(kind) <= 0:  # unpaced: concurrent writes, no turns
+            yield
+            return
         key = self._key(kind, channel)
         if max_wait is not None:
             wait = self.expected_wait(kind, channel)

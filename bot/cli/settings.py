@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bot.app.pacing import PaceRules
 from bot.llm.settings import LLMSettings
 from bot.slack import ids as slack_ids
 
@@ -57,6 +58,8 @@ ENV_VARS: dict[str, str] = {
     "post_lease_seconds": "VLLM_ONCALL_POST_LEASE_SECONDS",
     "apply_grace_seconds": "VLLM_ONCALL_APPLY_GRACE_SECONDS",
     "slack_timeout_seconds": "VLLM_ONCALL_SLACK_TIMEOUT_SECONDS",
+    "slack_post_interval": "VLLM_ONCALL_SLACK_POST_INTERVAL",
+    "slack_update_interval": "VLLM_ONCALL_SLACK_UPDATE_INTERVAL",
     "mode": "VLLM_ONCALL_MODE",
     "playbooks": "VLLM_ONCALL_PLAYBOOKS",
     "redact_patterns": "VLLM_ONCALL_REDACT_PATTERNS",
@@ -112,6 +115,11 @@ class SlackSettings(Group):
     max_attempts: int = Field(default=5, ge=1, le=20)
     max_retry_after_seconds: float = Field(default=60, ge=0)
     timeout_seconds: int = Field(default=10, ge=1, le=300)  # one Slack Web API request
+    # The chat's pace (bot.app.pacing), in seconds: between two posts in one channel, between two
+    # message updates. Slack's rate by default; 0 = unpaced, for a Slack-compatible endpoint with
+    # other limits (or none, as the benchmarks' stand-in).
+    post_interval: float = Field(default=PaceRules.post_interval, ge=0, le=60)
+    update_interval: float = Field(default=PaceRules.update_interval, ge=0, le=60)
 
     @field_validator("bot_token")
     @classmethod
@@ -119,6 +127,10 @@ class SlackSettings(Group):
         if not v.startswith("xoxb-"):
             raise ValueError("must be a bot token starting with xoxb-")
         return v
+
+    @property
+    def pace(self) -> PaceRules:
+        return PaceRules(post_interval=self.post_interval, update_interval=self.update_interval)
 
     @field_validator("app_token")
     @classmethod

@@ -217,14 +217,15 @@ class ChatClock:
 
 def paced_chat(settings: Settings, slack: WebClient, metrics: Metrics, redactor: Redactor,
                clock: ChatClock | None = None) -> SlackChat:
-    """The chat `serve` posts through: paced to Slack's posting rate (bot.app.pacing), its
+    """The chat `serve` posts through: paced (bot.app.pacing; Slack's posting rate unless
+    VLLM_ONCALL_SLACK_POST_INTERVAL / _UPDATE_INTERVAL say otherwise), its
     retries honouring Retry-After, a post's retries ending inside its post lease (Settings
     checked the timeout leaves room)."""
     clock = clock or ChatClock()
     return SlackChat(slack, settings.slack.channel, metrics, max_attempts=settings.slack.max_attempts,
                      max_retry_after_seconds=settings.slack.max_retry_after_seconds, redactor=redactor,
                      post_budget_seconds=post_budget(settings.post_lease_seconds), clock=clock.now,
-                     sleep=clock.sleep, pacer=Pacer(clock=clock.now, sleep=clock.sleep))
+                     sleep=clock.sleep, pacer=Pacer(settings.slack.pace, clock=clock.now, sleep=clock.sleep))
 
 
 def build(settings: Settings, clock: ChatClock | None = None) -> Wiring:

@@ -227,3 +227,23 @@ def test_the_llm_settings_are_read_with_the_others_and_a_bad_one_is_one_line_nam
                        "VLLM_ONCALL_LLM_TIMEOUT_SECONDS": "soon"})
     assert str(err.value).startswith("invalid configuration: VLLM_ONCALL_LLM_TIMEOUT_SECONDS:")
     assert "\n" not in str(err.value)
+
+
+def test_the_chat_pace_is_slacks_rate_unless_set_and_zero_is_unpaced(slack, tmp_path):
+    from bot.cli.wiring import build_server
+
+    assert (load_settings(GOOD).slack.pace.post_interval, load_settings(GOOD).slack.pace.update_interval) == (1.0, 1.2)
+    env = {**GOOD, "SLACK_API_URL": slack.url, "VLLM_ONCALL_LISTEN": "127.0.0.1:0", "VLLM_ONCALL_STORE": "folder",
+           "VLLM_ONCALL_STATE_DIR": str(tmp_path), "VLLM_ONCALL_CLUSTER_SOURCE": "local",
+           "VLLM_ONCALL_BUNDLE_DIR": str(Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle"),
+           "VLLM_ONCALL_SLACK_POST_INTERVAL": "0", "VLLM_ONCALL_SLACK_UPDATE_INTERVAL": "2.5"}
+    server, _ = build_server(load_settings(env))
+    try:
+        pacer = server.router.default.chat.pacer
+        assert (pacer.rules.post_interval, pacer.rules.update_interval) == (0, 2.5)
+    finally:
+        server.stop()
+    with pytest.raises(SettingsError) as err:
+        load_settings({**GOOD, "VLLM_ONCALL_SLACK_POST_INTERVAL": "-1"})
+    assert str(err.value).count("\n") == 0
+    assert str(err.value).startswith("invalid configuration: VLLM_ONCALL_SLACK_POST_INTERVAL:"), str(err.value)
