@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -88,7 +89,8 @@ def free_port() -> int:
 class BotProcess:
     """`vllm-oncall serve` as its own process; CPU and RSS read from /proc."""
 
-    def __init__(self, kube: FakeKube, slack: SlackStandIn, folder: Path, workers: int, watch: str | None = None):
+    def __init__(self, kube: FakeKube, slack: SlackStandIn, folder: Path, workers: int, watch: str | None = None,
+                 unpaced: bool = False):
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_SERVICE", "VLLM_ONCALL_"))}
         env.update({"KUBECONFIG": kubeconfig_for(kube.url, folder / "kubeconfig"), "PYTHONPATH": str(ROOT),
@@ -99,6 +101,8 @@ class BotProcess:
                     "VLLM_ONCALL_DEFAULT_NAMESPACE": NS, "VLLM_ONCALL_ALERT_TOKEN": TOKEN,
                     "VLLM_ONCALL_WORKERS": str(workers), "VLLM_ONCALL_QUEUE_SIZE": "1000",
                     "VLLM_ONCALL_LISTEN": f"127.0.0.1:{self.port}"})
+        if unpaced:  # the stand-in has no rate limit: pacing to Slack's would measure Slack's rate, not the bot
+            env.update({"VLLM_ONCALL_SLACK_POST_INTERVAL": "0", "VLLM_ONCALL_SLACK_UPDATE_INTERVAL": "0"})
         if watch:
             env.update({"VLLM_ONCALL_WATCH": "true", "VLLM_ONCALL_WATCH_NAMESPACES": watch})
         self.log = open(folder / "serve.log", "wb")
@@ -107,7 +111,8 @@ class BotProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.spy = None
         if os.environ.get("BENCH_PROFILE"):  # a sampling profile of the bot: py-spy (pip install py-spy)
-            self.spy = subprocess.Popen(["py-spy", "record", "-p", str(self.proc.pid), "-r", "100", "-f", "raw",
+            spy = Path(sys.executable).with_name("py-spy")  # the venv's, else the PATH's
+            self.spy = subprocess.Popen([str(spy) if spy.exists() else "py-spy", "record", "-p", str(self.proc.pid), "-r", "100", "-f", "raw",
                                          "--nonblocking", "-o", os.environ["BENCH_PROFILE"]],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
@@ -215,26 +220,82 @@ def crashing(kube: FakeKube, name: str, log: str = LOG, namespace: str = NS) -> 
 
 # ---- new incidents, repeats ------------------------------------------------------------------
 
-def level(bot: BotProcess, posts: Posts, pods: dict[str, str], senders: int) -> dict[str, float]:
-    """Every workload of `pods` alerted once, by `senders` concurrent senders."""
-    latencies: list[float] = []
-    cpu0, start = bot.cpu(), time.monotonic()
+def send_until_taken(bot: BotProcess, pod: str) -> int:
+    """One alert, sent again while the webhook answers 503 (busy), as Alertmanager would; the 503s."""
+    busy = 0
+    while True:
+        try:
+            send(bot, pod)
+            return busy
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503:
+                raise
+            busy += 1
+            time.sleep(0.05)
 
-    def one(item: tuple[str, str]) -> None:
-        workload, pod = item
+
+def one_at_a_time(bot: BotProcess, posts: Posts, pods: dict[str, str]) -> dict[str, float]:
+    """One sender that sends an alert and waits for its message before the next: the bot idle."""
+    latencies: list[float] = []
+    cpu0 = bot.cpu()
+    for workload, pod in pods.items():
         sent = time.monotonic()
         send(bot, pod)
         at = posts.wait(workload)
         if at is None:
             raise SystemExit(f"no message for {workload}")
         latencies.append(at - sent)
+    return {"p50": statistics.median(latencies), "p99": percentile(latencies, 0.99),
+            "cpu": (bot.cpu() - cpu0) / len(pods), "rss": bot.rss_mib()}
+
+
+def saturation(bot: BotProcess, posts: Posts, pods: dict[str, str], senders: int) -> dict[str, float]:
+    """`senders` senders, each sending its next new alert as soon as the webhook answered the last
+    (Alertmanager waits for the webhook's answer, not for the post). The sustained rate is the
+    alerts over the time from the first send to the last message."""
+    items = list(pods.items())
+    busy: list[int] = []
+    cpu0, start = bot.cpu(), time.monotonic()
+
+    def sender(i: int) -> None:
+        busy.append(sum(send_until_taken(bot, pod) for _, pod in items[i::senders]))
 
     with ThreadPoolExecutor(max_workers=senders) as pool:
-        list(pool.map(one, pods.items()))
-    last = max(posts.first[w] for w in pods)
-    cpu = bot.cpu() - cpu0
+        list(pool.map(sender, range(senders)))
+    if not posts.wait_all([w for w, _ in items], 600):
+        raise SystemExit("not every alert got its message within 600 s")
+    last = max(posts.first[w] for w, _ in items)
+    return {"rate": len(items) / (last - start), "cpu": (bot.cpu() - cpu0) / len(items),
+            "busy": float(sum(busy)), "rss": bot.rss_mib()}
+
+
+def schedule(alerts: int, rate: float, senders: int) -> list[list[tuple[int, float]]]:
+    """Alert i is due at i / rate seconds, sent by sender i mod `senders`: an offered load that
+    does not slow down when the bot does (no coordinated omission)."""
+    return [[(i, i / rate) for i in range(k, alerts, senders)] for k in range(senders)]
+
+
+def offered(bot: BotProcess, posts: Posts, pods: dict[str, str], rate: float, senders: int) -> dict[str, float]:
+    """New alerts offered at `rate` per second, spread over `senders` senders; each alert's latency
+    is from the moment it was due (not when its sender got round to it) to its message."""
+    items = list(pods.items())
+    due: dict[str, float] = {}
+    cpu0, start = bot.cpu(), time.monotonic()
+
+    def sender(plan: list[tuple[int, float]]) -> None:
+        for i, offset in plan:
+            time.sleep(max(0.0, start + offset - time.monotonic()))
+            due[items[i][0]] = start + offset
+            send_until_taken(bot, items[i][1])
+
+    with ThreadPoolExecutor(max_workers=senders) as pool:
+        list(pool.map(sender, schedule(len(items), rate, senders)))
+    if not posts.wait_all([w for w, _ in items], 600):
+        raise SystemExit("not every alert got its message within 600 s")
+    latencies = [posts.first[w] - due[w] for w, _ in items]
+    last = max(posts.first[w] for w, _ in items)
     return {"p50": statistics.median(latencies), "p99": percentile(latencies, 0.99),
-            "rate": len(pods) / (last - start), "cpu": cpu / len(pods), "rss": bot.rss_mib()}
+            "rate": len(items) / (last - start), "cpu": (bot.cpu() - cpu0) / len(items)}
 
 
 def repeats(bot: BotProcess, pods: dict[str, str], senders: int = 10) -> float:
@@ -262,6 +323,7 @@ class Replay:
         self.writes = [c for c in kube_calls if c.verb != "get"]
         self.posts = [c for c in slack_calls if c.method == "chat.postMessage"]
         self.record = json.dumps({"x": "y" * 60_000})  # about the size of an incident record with its evidence
+        self.runs = 0  # each run's incident objects get names of their own
 
     def _path(self, call: Any) -> str:
         ns = f"/namespaces/{call.namespace}" if call.namespace else ""
@@ -277,7 +339,7 @@ class Replay:
         for call in self.writes:
             if call.verb == "create":
                 body = json.dumps({"apiVersion": "oncall.vllm.ai/v1", "kind": "VLLMIncident",
-                                   "metadata": {"name": f"floor-{threading.get_ident()}-{n}"},
+                                   "metadata": {"name": f"floor-{self.runs}-{n}"},
                                    "spec": {"record": self.record}})
                 path = f"/apis/{call.group}/v1/namespaces/{call.namespace}/{call.resource}"
                 kube.request("POST", path, body, {"Content-Type": "application/json"})
@@ -290,59 +352,70 @@ class Replay:
                           {"Content-Type": "application/json", "Authorization": "Bearer xoxb-bench"})
             slack.getresponse().read()
 
-    def run(self, alerts: int, senders: int) -> dict[str, float]:
+    def run(self, alerts: int, senders: int, rate: float | None = None) -> dict[str, float]:
+        """The I/O of `alerts` new alerts from `senders` senders, each with its own kept-alive
+        connections: back to back (rate None: saturation), or each due on the offered schedule,
+        its latency counted from when it was due."""
         latencies: list[float] = []
+        self.runs += 1
         start = time.monotonic()
+        plans = schedule(alerts, rate, senders) if rate else [[(n, 0.0) for n in range(i, alerts, senders)]
+                                                              for i in range(senders)]
 
-        def sender(i: int) -> None:
+        def sender(plan: list[tuple[int, float]]) -> None:
             kube = http.client.HTTPConnection(urlsplit(self.kube.url).netloc, timeout=60)
             slack = http.client.HTTPConnection(urlsplit(self.slack.url).netloc, timeout=60)
-            for n in range(i, alerts, senders):
-                t = time.monotonic()
+            for n, offset in plan:
+                time.sleep(max(0.0, start + offset - time.monotonic()))
+                t = start + offset if rate else time.monotonic()
                 self.one(kube, slack, n)
                 latencies.append(time.monotonic() - t)
             kube.close()
             slack.close()
 
         with ThreadPoolExecutor(max_workers=senders) as pool:
-            list(pool.map(sender, range(senders)))
+            list(pool.map(sender, plans))
         return {"p50": statistics.median(latencies), "p99": percentile(latencies, 0.99),
                 "rate": alerts / (time.monotonic() - start)}
 
 
 # ---- one run ---------------------------------------------------------------------------------
 
-def alerts_run(levels: list[int], workers: int, folder: Path) -> dict[str, Any]:
+def alerts_run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    levels, rate, spread = args.levels, args.offered, args.offered_senders
     kube, slack = FakeKube().start(), SlackStandIn().start()
     kube.put(node())
-    sizes = {c: max(40, 4 * c) for c in levels}
-    pods = {c: {f"vllm-c{c:02d}-{i:03d}": "" for i in range(n)} for c, n in sizes.items()}
-    for per in pods.values():
-        for workload in per:
-            per[workload] = crashing(kube, workload)
+
+    def workloads(prefix: str, count: int) -> dict[str, str]:
+        return {f"vllm-{prefix}-{i:04d}": crashing(kube, f"vllm-{prefix}-{i:04d}") for i in range(count)}
+
+    idle = workloads("one", args.idle_alerts)
+    sizes = {c: max(100, 5 * c) for c in levels}
+    saturate = {c: workloads(f"s{c:02d}", n) for c, n in sizes.items()}
+    offer = workloads("offered", int(rate * args.offered_seconds))
     big = {f"vllm-big-{i}": crashing(kube, f"vllm-big-{i}", big_log(5 * 1024 * 1024)) for i in range(3)}
     warm = crashing(kube, "vllm-warm-up")
-    bot = BotProcess(kube, slack, folder, workers)
+    bot = BotProcess(kube, slack, folder, args.workers, unpaced=True)
     posts = Posts(slack)
-    out: dict[str, Any] = {"levels": {}, "floor": {}}
+    out: dict[str, Any] = {"saturation": {}, "floor": {}}
     try:
         # One alert first, not measured: serve builds its Kubernetes client (and imports its
         # models) at the first alert; a bot that has been up for a while has done that.
         send(bot, warm)
         if posts.wait("vllm-warm-up") is None:
             raise SystemExit("no message for the warm-up alert")
+        k0, s0 = len(kube.calls), len(slack.calls)
+        out["idle"] = one_at_a_time(bot, posts, idle)
+        n = len(idle)  # the requests of one new alert, for the floor
+        kube_calls, slack_calls = kube.calls[k0:], slack.calls[s0:]
+        chat_posts = [c for c in slack_calls if c.method == "chat.postMessage"]
+        out["calls_per_alert"] = len(kube_calls) / n
+        out["slack_calls_per_alert"] = len(slack_calls) / n
+        replay = Replay(kube, slack, kube_calls[: len(kube_calls) // n], chat_posts[: len(chat_posts) // n])
         for c in levels:
-            k0, s0 = len(kube.calls), len(slack.calls)
-            out["levels"][c] = level(bot, posts, pods[c], c)
-            if c == levels[0]:  # the requests of one new alert, for the floor
-                n = len(pods[c])
-                kube_calls, slack_calls = kube.calls[k0:], slack.calls[s0:]
-                one_kube = kube_calls[: len(kube_calls) // n] if n else []
-                out["calls_per_alert"] = len(kube_calls) / n
-                out["slack_calls_per_alert"] = len(slack_calls) / n
-                replay = Replay(kube, slack, one_kube, [c for c in slack_calls if c.method == "chat.postMessage"]
-                                [: len([c for c in slack_calls if c.method == "chat.postMessage"]) // n])
-        out["repeat_cpu"] = repeats(bot, pods[levels[-1]])
+            out["saturation"][c] = saturation(bot, posts, saturate[c], c)
+        out["offered"] = offered(bot, posts, offer, rate, spread)
+        out["repeat_cpu"] = repeats(bot, saturate[levels[-1]])
         cpu = []
         for workload, pod in big.items():
             c0 = bot.cpu()
@@ -351,8 +424,10 @@ def alerts_run(levels: list[int], workers: int, folder: Path) -> dict[str, Any]:
                 raise SystemExit(f"no message for {workload}")
             cpu.append(bot.cpu() - c0)
         out["big_cpu"] = statistics.median(cpu)
+        out["floor"]["idle"] = replay.run(n, 1)
         for c in levels:
             out["floor"][c] = replay.run(sizes[c], c)
+        out["floor"]["offered"] = replay.run(len(offer), spread, rate)
     finally:
         posts.stop()
         bot.stop()
@@ -448,22 +523,30 @@ def burst_run(workloads: int, total_pods: int, workers: int, folder: Path) -> di
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="fresh runs (new stand-ins, new bot process)")
-    parser.add_argument("--levels", default="1,10,50", help="concurrent senders")
+    parser.add_argument("--levels", default="10,50", help="senders at saturation (comma-separated)")
+    parser.add_argument("--offered", type=float, default=40, help="offered new alerts per second for the latency")
+    parser.add_argument("--offered-senders", type=int, default=50, help="senders the offered load is spread over")
+    parser.add_argument("--offered-seconds", type=float, default=6, help="how long the load is offered")
+    parser.add_argument("--idle-alerts", type=int, default=40, help="alerts sent one at a time")
     parser.add_argument("--workers", type=int, default=16, help="VLLM_ONCALL_WORKERS (serve's default: 16)")
     parser.add_argument("--burst", type=int, default=250, help="workloads crashing at once (0: skip)")
     parser.add_argument("--burst-pods", type=int, default=10_000, help="pods in the burst's namespace")
     args = parser.parse_args()
+    args.levels = [int(x) for x in args.levels.split(",")]
     logging.basicConfig(level=logging.ERROR)
-    levels = [int(x) for x in args.levels.split(",")]
     load_before = os.getloadavg()
     runs, bursts = [], []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-            runs.append(alerts_run(levels, args.workers, Path(tmp)))
-            line = "; ".join(f"{c} senders p50 {r['p50'] * 1000:.0f} ms p99 {r['p99'] * 1000:.0f} ms "
-                             f"{r['rate']:.1f}/s cpu {r['cpu'] * 1000:.1f} ms" for c, r in runs[-1]["levels"].items())
-            print(f"run {run + 1}: {line}; repeat cpu {runs[-1]['repeat_cpu'] * 1000:.1f} ms; "
-                  f"5 MB cpu {runs[-1]['big_cpu'] * 1000:.0f} ms", file=sys.stderr, flush=True)
+            runs.append(alerts_run(args, Path(tmp)))
+            r = runs[-1]
+            line = "; ".join(f"{c} senders {x['rate']:.1f}/s cpu {x['cpu'] * 1000:.1f} ms"
+                             for c, x in r["saturation"].items())
+            print(f"run {run + 1}: one at a time p50 {r['idle']['p50'] * 1000:.0f} ms cpu "
+                  f"{r['idle']['cpu'] * 1000:.1f} ms; saturation {line}; offered {args.offered:g}/s p50 "
+                  f"{r['offered']['p50'] * 1000:.0f} ms p99 {r['offered']['p99'] * 1000:.0f} ms; repeat cpu "
+                  f"{r['repeat_cpu'] * 1000:.1f} ms; 5 MB cpu {r['big_cpu'] * 1000:.0f} ms; load "
+                  f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         if args.burst:
             with tempfile.TemporaryDirectory(prefix="bench-burst-") as tmp:
                 bursts.append(burst_run(args.burst, args.burst_pods, args.workers, Path(tmp)))
@@ -473,7 +556,7 @@ def main() -> int:
                       f"{b['top_level']} top-level messages ({b['groups']} grouped), "
                       f"{b['limited']} rate-limit answers", file=sys.stderr, flush=True)
     load_after = os.getloadavg()
-    report(runs, bursts, levels, args, load_before, load_after)
+    report(runs, bursts, args, load_before, load_after)
     return 0
 
 
@@ -481,25 +564,40 @@ def med(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def report(runs: list[dict[str, Any]], bursts: list[dict[str, Any]], levels: list[int], args: argparse.Namespace,
+def report(runs: list[dict[str, Any]], bursts: list[dict[str, Any]], args: argparse.Namespace,
            load_before: tuple[float, ...], load_after: tuple[float, ...]) -> None:
+    def ms(x: float) -> str:
+        return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
+
     print(f"\nvllm-oncall scale benchmark: median of {len(runs)} fresh runs; serve as its own process "
           f"({args.workers} workers), stand-ins local; {os.cpu_count()} CPUs; load average "
           f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    print("Chat pacing off for these levels (VLLM_ONCALL_SLACK_POST_INTERVAL=0, _UPDATE_INTERVAL=0): the Slack "
+          "stand-in has no rate limit, so Slack's own (1 post/s per channel) would measure Slack, not the bot")
     print(f"API calls per new alert: Kubernetes {med([r['calls_per_alert'] for r in runs]):.1f}, "
           f"Slack {med([r['slack_calls_per_alert'] for r in runs]):.1f}")
-    print(f"\n{'new incidents':<22} {'p50':>9} {'p99':>9} {'alerts/s':>9} {'CPU/alert':>10} {'RSS':>8}"
-          f" | {'floor p50':>9} {'floor p99':>9} {'floor/s':>8} | {'p50 x':>6} {'rate x':>6}")
-    for c in levels:
-        r = {k: med([run["levels"][c][k] for run in runs]) for k in ("p50", "p99", "rate", "cpu", "rss")}
-        f = {k: med([run["floor"][c][k] for run in runs]) for k in ("p50", "p99", "rate")}
-        print(f"{str(c) + ' senders':<22} {r['p50'] * 1000:>6.0f} ms {r['p99'] * 1000:>6.0f} ms {r['rate']:>9.1f} "
-              f"{r['cpu'] * 1000:>7.1f} ms {r['rss']:>4.0f} MiB | {f['p50'] * 1000:>6.1f} ms {f['p99'] * 1000:>6.1f} ms "
-              f"{f['rate']:>8.0f} | {r['p50'] / f['p50']:>6.1f} {f['rate'] / r['rate']:>6.1f}")
+    idle = {k: med([r["idle"][k] for r in runs]) for k in ("p50", "p99", "cpu", "rss")}
+    fidle = {k: med([r["floor"]["idle"][k] for r in runs]) for k in ("p50", "p99")}
+    print(f"\none at a time (1 sender, waits for the message): p50 {ms(idle['p50'])}, p99 {ms(idle['p99'])}, "
+          f"CPU {idle['cpu'] * 1000:.1f} ms per alert, RSS {idle['rss']:.0f} MiB | floor p50 {ms(fidle['p50'])}, "
+          f"p99 {ms(fidle['p99'])}")
+    print(f"\n{'saturation':<22} {'alerts/s':>9} {'CPU/alert':>10} {'503s':>5} {'RSS':>8} | {'floor/s':>8} | "
+          f"{'floor / bot':>11}")
+    for c in args.levels:
+        r = {k: med([run["saturation"][c][k] for run in runs]) for k in ("rate", "cpu", "busy", "rss")}
+        f = med([run["floor"][c]["rate"] for run in runs])
+        print(f"{str(c) + ' senders':<22} {r['rate']:>9.1f} {r['cpu'] * 1000:>7.1f} ms {r['busy']:>5.0f} "
+              f"{r['rss']:>4.0f} MiB | {f:>8.0f} | {f / r['rate']:>11.1f}")
+    o = {k: med([r["offered"][k] for r in runs]) for k in ("p50", "p99", "rate", "cpu")}
+    fo = {k: med([r["floor"]["offered"][k] for r in runs]) for k in ("p50", "p99", "rate")}
+    print(f"\noffered {args.offered:g} new alerts/s over {args.offered_senders} senders for "
+          f"{args.offered_seconds:g} s: alert -> post p50 {ms(o['p50'])}, p99 {ms(o['p99'])}, {o['rate']:.1f}/s "
+          f"delivered, CPU {o['cpu'] * 1000:.1f} ms per alert | floor p50 {ms(fo['p50'])}, p99 {ms(fo['p99'])}, "
+          f"{fo['rate']:.1f}/s")
     print(f"\nCPU per repeat alert (same crash): {med([r['repeat_cpu'] for r in runs]) * 1000:.1f} ms; "
           f"CPU per new alert with a 5 MB log: {med([r['big_cpu'] for r in runs]) * 1000:.0f} ms")
     if bursts:
-        floor_rate = med([run["floor"][levels[-1]]["rate"] for run in runs])
+        floor_rate = med([run["floor"][args.levels[-1]]["rate"] for run in runs])
         print(f"\nburst: {args.burst} workloads crash at once ({args.burst_pods} pods), pod watch: first message "
               f"{med([b['first'] for b in bursts]):.2f} s, last {med([b['last'] for b in bursts]):.2f} s after the "
               f"crashes, at Slack's rate (1 post/s per channel): {med([b['top_level'] for b in bursts]):.0f} top-level "
@@ -508,7 +606,7 @@ def report(runs: list[dict[str, Any]], bursts: list[dict[str, Any]], levels: lis
               f"{min(b['per_workload'][0] for b in bursts)}.."
               f"{max(b['per_workload'][1] for b in bursts)}; {med([b['cpu'] for b in bursts]) * 1000:.0f} ms CPU per "
               f"workload; RSS {med([b['rss'] for b in bursts]):.0f} MiB; the floor for the same requests at "
-              f"{levels[-1]} senders: {args.burst / floor_rate:.1f} s")
+              f"{args.levels[-1]} senders: {args.burst / floor_rate:.1f} s")
 
 
 if __name__ == "__main__":
