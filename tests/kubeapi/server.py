@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import copy
 import json
+import functools
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -36,7 +38,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
-import kubernetes_validate
+import jsonschema
+from kubernetes_validate import utils as schemas
+from referencing import Registry, Resource
 from standin_http import QuietHandler, StandInServer
 
 from kubeapi import discovery
@@ -57,6 +61,20 @@ RESOURCES: dict[tuple[str, str], tuple[str, str, bool]] = {
 KIND_TO_RESOURCE = {kind: key for key, (kind, _, _) in RESOURCES.items()}
 VALIDATED_KINDS = {"Pod", "ReplicaSet", "Deployment", "StatefulSet", "Node"}
 SCHEMA_VERSION = "1.33"
+
+
+@functools.cache
+def _schema_validator(kind: str, api_version: str) -> jsonschema.protocols.Validator:
+    """kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)'s validator, built once per
+    kind: that function reads and parses the schema files (the definitions are megabytes) at
+    every call, which made a validated write cost milliseconds, under the stand-in's lock."""
+    version = [v for v in schemas.all_versions() if schemas.major_minor(v) <= SCHEMA_VERSION][-1]
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema = schemas.schema_contents(f"{folder}/{kind.lower()}-{group}.json", SCHEMA_VERSION)
+    definitions = schemas.schema_contents(f"{folder}/_definitions.json", SCHEMA_VERSION)
+    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
 
 def now_iso() -> str:
@@ -388,8 +406,8 @@ class FakeKube(Streams):
             return
         causes: list[dict[str, str]] = []
         try:
-            kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
+            _schema_validator(kind, str(obj.get("apiVersion") or "")).validate(obj)
+        except jsonschema.ValidationError as exc:
             where = ".".join(str(p) for p in exc.path) if hasattr(exc, "path") else ""
             causes.append({"reason": "FieldValueInvalid", "message": str(exc).splitlines()[0], "field": where})
         pod_spec = obj.get("spec") if kind == "Pod" else ((obj.get("spec") or {}).get("template") or {}).get("spec")
