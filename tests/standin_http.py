@@ -46,6 +46,12 @@ class QuietHandler(BaseHTTPRequestHandler):
             pass
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: 50 clients connecting at once (a benchmark's
+    # senders) overflow it and some are reset. A real API server accepts them all.
+    request_queue_size = 1024
+
+
 class StandInServer:
     """A ThreadingHTTPServer on 127.0.0.1 (port 0: a free one) served from a daemon thread.
     `poll_interval` is how often serve_forever looks for shutdown(): short, so stop() is quick."""
@@ -56,7 +62,7 @@ class StandInServer:
         self.thread: threading.Thread | None = None
 
     def start(self) -> StandInServer:
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler)
+        self.server = _Server(("127.0.0.1", 0), self.handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": self.poll_interval},
                                        name=self.name, daemon=True)
