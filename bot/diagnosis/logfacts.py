@@ -23,6 +23,7 @@ proportion to its size; no real vLLM line comes near that length.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -280,11 +281,19 @@ def _whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield carry + b"\n"
 
 
+@functools.lru_cache(maxsize=8)
+def _scanner(literals: tuple[str, ...]) -> KeywordScanner:
+    """One scanner per keyword set (the built-in keywords plus one playbook set's literals):
+    building its automata cost more than scanning a typical log, at every alert. A scanner is
+    read-only once built, so the workers share it."""
+    return KeywordScanner([k.encode() for k in literals])
+
+
 class _Reader:
     """What one pass over a log has kept so far."""
 
     def __init__(self, literals: list[str]):
-        self.scanner = KeywordScanner([k.encode() for k in literals])
+        self.scanner = _scanner(tuple(literals))
         self.shapes: dict[bytes, int] = {}
         self.state = _State()
         self.head: list[str] = []
@@ -436,10 +445,14 @@ _VLLM_LINE = re.compile(
     r"(?:^|\) )(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d|vllm[./]|torch\.|CUDA|Traceback \(most recent")
 
 
+# control bytes other than tab, newline, vertical tab, form feed and carriage return
+_CONTROL_BYTES = bytes(b for b in range(32) if b < 9 or 13 < b < 32)
+
+
 def _mostly_binary(sample: bytes) -> bool:
     if not sample:
         return False
-    control = sum(1 for b in sample if b < 9 or 13 < b < 32)
+    control = len(sample) - len(sample.translate(None, _CONTROL_BYTES))  # counted in C, not byte by byte
     try:
         sample.decode("utf-8")
         return control > len(sample) * 0.05
