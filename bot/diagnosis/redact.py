@@ -350,13 +350,23 @@ def _base64_secret(match: re.Match[str]) -> str:
     return word
 
 
+SHORT_TEXT, SHORT_TEXTS_KEPT = 512, 4096  # characters; texts (at most about 4 MB, in and out)
+
+
 class Redactor:
     """The built-in rules plus the operator's own patterns, for text, argv lists and env."""
 
     def __init__(self, extra_patterns: Sequence[str] = ()):
         self.configured = compile_patterns(extra_patterns)
+        # The same short texts come back at every incident (a pod's field values, the node's
+        # labels, a diagnosis's stock sentences: about 120 calls per new alert) and the rules are
+        # a pure function of the text: so short ones are redacted once per process, bounded.
+        self._short = functools.lru_cache(maxsize=SHORT_TEXTS_KEPT)(self._redact)
 
     def text(self, text: str) -> str:
+        return self._short(text) if len(text) <= SHORT_TEXT else self._redact(text)
+
+    def _redact(self, text: str) -> str:
         if _ZERO_WIDTH.search(text):  # invisible characters inside a token would hide it from every rule
             text = _ZERO_WIDTH.sub("", text)
         # the prefilter runs once, on the text as it arrives: a rule's replacement never writes

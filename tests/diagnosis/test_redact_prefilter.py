@@ -70,3 +70,17 @@ def test_each_literal_is_a_necessary_condition_of_its_rule():
 def test_the_literal_tables_name_real_rules():
     """A misspelt name would leave its rule unfiltered (always run): harmless, but not what was meant."""
     assert set(R._TOKEN_LITERALS) <= {rule.name for rule in R.TOKEN_RULES}
+
+
+@pytest.mark.parametrize("text", CORPUS)
+def test_a_short_text_redacted_again_gives_the_same_answer(text):
+    """Short texts are redacted once per redactor (the same pod fields come back at every alert)."""
+    redactor = R.Redactor()
+    assert redactor.text(text) == redactor.text(text) == every_rule(text)
+
+
+def test_each_redactor_keeps_its_own_answers():
+    assert R.Redactor().text("ticket ACME-123456") == "ticket ACME-123456"
+    assert R.Redactor([r"ACME-\d+"]).text("ticket ACME-123456") == "ticket ***"
+    long_text = "ticket ACME-123456 " * 100  # above the short-text size: redacted every time
+    assert R.Redactor([r"ACME-\d+"]).text(long_text) == "ticket *** " * 100
