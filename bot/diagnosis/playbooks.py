@@ -403,6 +403,7 @@ def _close(name: str, known: Any) -> str:
 _META = set(".^$*+?{}[]()|")
 
 
+@lru_cache(maxsize=1024)  # every diagnosis asks again for each playbook's `log` conditions
 def longest_literal(regex: str) -> str | None:
     """The longest run of plain characters every match of `regex` must contain (4+ chars).
 
