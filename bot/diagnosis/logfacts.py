@@ -41,6 +41,7 @@ from bot.diagnosis.logformats import (  # noqa: F401  (re-exported: the formats'
     PATTERNS,
     PAYLOAD,
     PAYLOAD_LINE,
+    PAYLOAD_LITERALS,
     STAGES,
     LogFormat,
     message_span,
@@ -226,6 +227,8 @@ class KeywordScanner:
 def trusted_text(text: str) -> str:
     """A line up to its first request payload marker (all of it when it has none); "" when
     nothing but prefixes comes before the marker: a request payload line."""
+    if not any(literal in text for literal in PAYLOAD_LITERALS):  # most lines: no mark possible
+        return text
     if PAYLOAD_LINE.match(text) is not None:  # one anchored match, not a search of a long line
         return ""
     if PAYLOAD.search(text) is None:  # the common case, one search

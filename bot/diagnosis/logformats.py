@@ -1156,6 +1156,11 @@ PAYLOAD_MARKS: tuple[LineShape, ...] = (
               versions="any", source="uvicorn's access log: the path is the client's"),
 )
 
+# Every payload mark holds one of these verbatim ("equest " for "Received request " and
+# "Request "): a line with none of them cannot hold a mark, and most lines have none, so the
+# substring tests spare them the marks' regex search (tests/diagnosis/test_log_payload.py
+# checks each mark against this list).
+PAYLOAD_LITERALS = ("equest ", "Generated ", "prompt", "output", "HTTP/")
 # One anchored alternation for the prefixes (repeated), one search for the first payload marker.
 LINE_PREFIX = re.compile("(?:" + "|".join(f"(?:{p.pattern})" for p in LINE_PREFIXES) + r")*")
 PAYLOAD = re.compile("|".join(f"(?:{p.pattern})" for p in PAYLOAD_MARKS))

@@ -10,7 +10,7 @@ from builders import make_node, make_pod
 
 from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.logfacts import extract
-from bot.diagnosis.logformats import PAYLOAD_MARKS, message_span
+from bot.diagnosis.logformats import PAYLOAD_LITERALS, PAYLOAD_MARKS, message_span
 from bot.diagnosis.models import Evidence, LogText
 
 KV_ERROR = ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
@@ -74,6 +74,26 @@ def test_every_payload_mark_is_cut_at_its_start():
         assert mark.versions and mark.source
     start, end = message_span("(EngineCore_DP0 pid=87) INFO 06-01 10:00:00 [logger.py:39] Received request x: prompt: 'y'")
     assert start == end
+
+
+def top_level_alternatives(pattern: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(pattern):
+        depth += {"(": 1, ")": -1}.get(ch, 0) if i == 0 or pattern[i - 1] != "\\" else 0
+        if ch == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+    return [*parts, pattern[start:]]
+
+
+def test_every_payload_mark_holds_one_of_the_literals_the_prefilter_looks_for():
+    """trusted_text skips the marks' regex on a line without any PAYLOAD_LITERALS: each mark (each
+    of its alternatives) must spell one of them in its pattern, or its lines would be let through."""
+    for mark in PAYLOAD_MARKS:
+        for alternative in top_level_alternatives(mark.pattern):
+            assert any(literal in alternative for literal in PAYLOAD_LITERALS), (mark.name, alternative)
+    for line in PAYLOAD_LINES:
+        assert any(literal in line for literal in PAYLOAD_LITERALS), line
 
 
 ATTACK_LOG = "\n".join([
