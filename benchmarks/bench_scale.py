@@ -1,32 +1,48 @@
-"""How the bot scales: new incidents from 1, 10 and 50 concurrent senders, repeats, a 5 MB log, and a
-250-workload crash burst through the pod watch, each beside the floor on the same stand-ins.
+"""How the bot scales: new incidents one at a time, at saturation and at an offered rate, repeats, a
+5 MB log, and a 250-workload crash burst through the pod watch, each beside the floor on the same
+stand-ins.
 
 The bot runs as `vllm-oncall serve`, a separate process (its own interpreter and GIL), configured
 as in production (the live Kubernetes client, incidents as VLLMIncident objects, the Slack
 WebClient, the one work queue with VLLM_ONCALL_WORKERS workers). The far ends are the project's
 stand-ins (tests/kubeapi: the Kubernetes API, tests/slackapi: Slack's Web API), in this process,
-with the senders.
+with the senders. The Slack stand-in has no rate limit but at the burst, so every other level runs the bot
+unpaced (VLLM_ONCALL_SLACK_POST_INTERVAL=0, VLLM_ONCALL_SLACK_UPDATE_INTERVAL=0): paced at Slack's
+rate (one post a second per channel, and each incident is a post plus a details reply) it would
+measure Slack's rate, about one alert a second, not the bot. The burst keeps the default pace.
 
-- new incidents: each sender sends one Alertmanager webhook for a Deployment not seen before and
-  waits for its message; latency is from sending to the stand-in receiving chat.postMessage.
-  alerts/s is alerts over the time from the first send to the last message. CPU per alert is
-  the bot process's user+system CPU over the level, divided by its alerts; RSS is the bot's at
-  the end of the level.
+What a sender is: Alertmanager waits for the webhook's answer, not for the Slack post; the bot
+answers /alerts once the alert is queued. So:
+- one at a time: one sender sends an alert and waits for its message before the next (the bot
+  idle): latency from sending to the stand-in receiving chat.postMessage, p50 and p99.
+- saturation (--levels, default 10 and 50 senders): each sender sends its next new alert (a
+  Deployment not seen before) as soon as the webhook answered the last one (a 503 "busy" is
+  retried after 50 ms, as Alertmanager would, and counted). The sustained rate is the alerts
+  over the time from the first send to the last message.
+- offered rate (--offered, default 40 new alerts a second, spread over --offered-senders 50):
+  alert i is due at i / rate seconds and sent by sender i mod 50; its latency runs from when it
+  was due (not when its sender got round to it, so a bot that falls behind is not flattered),
+  to its message: p50, p99, and the rate delivered.
+- CPU per alert: the bot process's user+system CPU over the level, divided by its alerts (the
+  periodic sweep included); RSS is the bot's at the end of the level.
 - repeats: the same alerts again (the same crash, unchanged): CPU per repeat.
 - 5 MB log: new incidents whose previous log is 5 MB, one at a time: CPU per alert.
 - burst: 250 Deployments (10,000 pods in the namespace) crash at once; the bot finds them with its
-  pod watch (VLLM_ONCALL_WATCH). First and last time a workload is named at the top level (its
-  message, or a line of a grouped message) after the crashes, times named per workload, CPU per
-  workload. The Slack stand-in applies Slack's rate (one post a second per channel, about 50
-  updates a minute, 429 past it) on the real clock, so a storm's backlog is grouped.
-- the floor: a plain HTTP client (http.client, one kept-alive connection per sender) making the
-  same requests a new alert costs the bot, counted on the stand-ins during the 1-sender level
-  (the GETs as the bot sent them; the writes with bodies of the same size), at the same
-  concurrency. What no bot on these stand-ins can beat.
+  pod watch (VLLM_ONCALL_WATCH), paced at Slack's rate (the default pace). First and last time a
+  workload is named at the top level (its message, or a line of a grouped message) after the
+  crashes, times named per workload, CPU per workload. The Slack stand-in applies Slack's rate
+  (one post a second per channel, about 50 updates a minute, 429 past it) on the real clock, so a
+  storm's backlog is grouped.
+- the floor: a plain HTTP client (http.client, one kept-alive connection per sender and stand-in)
+  making the same requests a new alert costs the bot, counted on the stand-ins during the
+  one-at-a-time level (the GETs as the bot sent them; the writes with bodies of the same size):
+  one at a time, at each saturation level's concurrency, and on the same offered schedule (its
+  latency from when each alert was due). What no bot on these stand-ins can beat.
 
-Run: python benchmarks/bench_scale.py [--runs 3] [--levels 1,10,50] [--burst 250] [--burst-pods 10000]
-The machine is shared: the load average is printed, and the ratios to the floor are the figures
-to compare across machines.
+Run: python benchmarks/bench_scale.py [--runs 3] [--levels 10,50] [--offered 40] [--burst 250]
+BENCH_PROFILE=FILE also records a py-spy profile of the bot (only the thread holding the GIL: where
+the CPU goes). The machine is shared: the load average is printed, and the ratios to the floor
+are the figures to compare across machines.
 """
 
 from __future__ import annotations
