@@ -26,8 +26,8 @@ cannot run on the test machines):
 from __future__ import annotations
 
 import copy
-import json
 import functools
+import json
 import re
 import threading
 import uuid
