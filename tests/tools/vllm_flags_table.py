@@ -1,5 +1,6 @@
 """Regenerate bot/diagnosis/data/vllm_flag_history.yaml: the flags of each vLLM release, read
-from each wheel's own source (never imported).
+from each wheel's own source (never imported). The same document is written as JSON beside it
+(vllm_flag_history.json, what the bot parses on every start: issue 20).
 
     python tests/tools/vllm_flags_table.py                 # download, read, write the table
     python tests/tools/vllm_flags_table.py --src /tmp/src  # reuse trees unpacked before (DIR/X/vllm)
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -347,6 +349,11 @@ HEADER = """\
 """
 
 
+def write_json(table: dict, out: Path) -> None:
+    """The form the bot reads: the same document as JSON, keys in the YAML's order."""
+    out.write_text(json.dumps(table, indent=0) + "\n", encoding="utf-8")  # a line per item: readable diffs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", type=Path, help="folder of unpacked trees (DIR/X/vllm); kept")
@@ -363,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     table = build_table(releases)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(HEADER + yaml.safe_dump(table, sort_keys=False, width=120), encoding="utf-8")
+    write_json(table, args.out.with_suffix(".json"))
     print(f"{args.out}: {len(table['flags'])} flags over {len(versions)} releases")
     return 0
 
