@@ -24,6 +24,8 @@ proportion to its size; no real vLLM line comes near that length.
 from __future__ import annotations
 
 import functools
+import itertools
+import mmap
 import re
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -264,6 +266,46 @@ def _cap_line(line: bytes) -> bytes:
     return line[:LINE_KEEP_BYTES] + b"\r" + (end[frame + 1 :] if frame != -1 else end)
 
 
+def _mapped_blocks(mapped: mmap.mmap) -> Iterator[bytes]:
+    """Exactly the blocks `_whole_lines` makes of the file's chunks, sliced from its mapping: each
+    byte is copied once, where read() + joining the carry + cutting at the last newline copied it
+    three times (0.07 of 0.42 CPU-s per 100 MB, issue 20). While the lines are short, a block is
+    the file from where the last one ended to the last newline of the next chunk, which is what
+    `_whole_lines` joins; from the first chunk that needs capping (no newline in it, or a first
+    line over MAX_LINE_BYTES) on, `_whole_lines` itself reads the rest, chunk by chunk."""
+    size, start, released = len(mapped), 0, 0
+    for chunk_end in range(CHUNK_BYTES, size + CHUNK_BYTES, CHUNK_BYTES):
+        chunk_end = min(chunk_end, size)
+        cut = mapped.rfind(b"\n", start, chunk_end)
+        if cut == -1 or mapped.find(b"\n", start, chunk_end) - start > MAX_LINE_BYTES:
+            rest = (mapped[at : at + CHUNK_BYTES] for at in range(chunk_end, size, CHUNK_BYTES))
+            yield from _whole_lines(itertools.chain([mapped[start:chunk_end]], rest))
+            return
+        yield mapped[start : cut + 1]
+        start = cut + 1
+        released = _release(mapped, released, start)
+    if start < size:
+        yield mapped[start:size] + b"\n"
+
+
+def _release(mapped: mmap.mmap, released: int, upto: int) -> int:
+    """Drop the pages read so far from this process's resident memory (they stay in the page
+    cache), so the peak RSS does not grow with the size of the log; returns the new mark."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > released and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED, released, upto - released)
+        return upto
+    return released
+
+
+def _map(fh: Any) -> mmap.mmap | None:
+    """A read-only mapping of the open file; None for what cannot be mapped (an empty file, a pipe)."""
+    try:
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+
+
 def _whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """Newline-terminated blocks of whole lines; a line longer than MAX_LINE_BYTES is capped
     while it is read, so memory stays bounded however long it gets."""
@@ -310,15 +352,29 @@ class _Reader:
         self.total_bytes = 0
         self.binary = False
 
+    def blocks(self, log: LogText) -> Iterator[bytes]:
+        """The log as blocks of whole lines: a file through its mapping when it can be mapped."""
+        if log.path is not None:
+            with open(log.path, "rb") as fh:
+                mapped = _map(fh)
+                if mapped is not None:
+                    with mapped:
+                        self.total_bytes = len(mapped)
+                        if _binary_start(mapped[:8192]):
+                            self.total_bytes = min(len(mapped), CHUNK_BYTES)  # as counted chunk by chunk
+                            self.binary = True
+                            return
+                        yield from _mapped_blocks(mapped)
+                    return
+        yield from _whole_lines(self.chunks(log))
+
     def chunks(self, log: LogText) -> Iterator[bytes]:
         """The log's byte chunks, counted; none at all when the first one looks binary."""
         for i, chunk in enumerate(_iter_chunks(log)):
             self.total_bytes += len(chunk)
-            if i == 0:
-                sample = chunk[:8192]
-                if b"\x00" in sample or _mostly_binary(sample):
-                    self.binary = True
-                    return
+            if i == 0 and _binary_start(chunk[:8192]):
+                self.binary = True
+                return
             yield chunk
 
     def consume(self, block: bytes) -> None:
@@ -439,7 +495,7 @@ def extract(log: LogText, extra_literals: Iterable[str] = ()) -> LogFacts:
     """Read the log once and return what it says."""
     literals = list(dict.fromkeys(list(KEYWORDS) + [x for x in extra_literals if x]))
     reader = _Reader(literals)
-    for block in _whole_lines(reader.chunks(log)):
+    for block in reader.blocks(log):
         reader.consume(block)
     return reader.result()
 
@@ -450,6 +506,10 @@ _VLLM_LINE = re.compile(
 
 # control bytes other than tab, newline, vertical tab, form feed and carriage return
 _CONTROL_BYTES = bytes(b for b in range(32) if b < 9 or 13 < b < 32)
+
+def _binary_start(sample: bytes) -> bool:
+    """The first 8 KiB of a log say it is not text: nothing of it is read."""
+    return b"\x00" in sample or _mostly_binary(sample)
 
 
 def _mostly_binary(sample: bytes) -> bool:
