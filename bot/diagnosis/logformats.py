@@ -508,7 +508,9 @@ _TORCH_OOM = "PyTorch c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::
 FORMATS: tuple[LogFormat, ...] = (
     LogFormat(
         "version", r"(?:LLM engine \(v|vLLM API server version |vLLM version |vllm version )v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)",
-        literals=("LLM engine (v", "version "),
+        # each alternative of the regex whole, not the word 'version ': request logs quote prompts,
+        # and 'version ' in a prompt made most lines of a busy log a line to check (issue 20)
+        literals=("LLM engine (v", "vLLM API server version ", "vLLM version ", "vllm version "),
         puts=(number(0, "vllm_version", version_text),),
         versions="wheels 0.6.0-0.33.0 read: 'Initializing an LLM engine (v%s)' 0.6.0-0.6.6, 'Initializing a V0/V1 "
                  "LLM engine (v%s)' 0.7.3-0.10.2 (V0) / 0.7.3-0.33.0 (V1); 'vLLM API server version %s' 0.6.0-0.24.0",
