@@ -6,7 +6,6 @@ import argparse
 import logging
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -61,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    import tempfile  # here, not for every command: it brings shutil, bz2, lzma, random (issue 20)
+
     from bot.cli.examples import example_dir
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # the reader's state; imported only for type checkers (it imports this module)
     from bot.diagnosis.logfacts import _State
@@ -423,13 +424,8 @@ class LogFormat:
     handler_yields: tuple[str, ...] = ()  # the facts that handler may put
     wrappable: bool = False  # long enough to be wrapped over lines by a terminal or a paste
     flags: int = 0
-    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "regex", re.compile(self.pattern, self.flags))
-        except re.error as exc:
-            self._fail(f"pattern is not a valid regex: {exc}")
         if not self.literals or not all(self.literals):
             self._fail("needs at least one non-empty literal to gate its lines")
         if not self.versions or not self.source:
@@ -445,13 +441,25 @@ class LogFormat:
         for fact in self.handler_yields:
             self._check_fact(fact)
 
+    @cached_property
+    def regex(self) -> re.Pattern[str]:
+        """The pattern compiled, and its capture groups checked against the puts, when a line first
+        reaches this format: a log reaches few of them, and compiling all of them took 10-20 ms of
+        every start (issue 20). tests/diagnosis/test_logfacts.py compiles every shipped format."""
+        try:
+            regex = re.compile(self.pattern, self.flags)
+        except re.error as exc:
+            self._fail(f"pattern is not a valid regex: {exc}")
+        for put in self.puts:
+            bad = [i for i in put.groups if not 0 <= i < regex.groups]
+            if bad:
+                self._fail(f"{put.fact}: capture group {bad[0]} does not exist (the pattern has {regex.groups})")
+        return regex
+
     def _check_put(self, put: Put) -> None:
         self._check_fact(put.fact)
         if put.keep not in KEEP:
             self._fail(f"{put.fact}: keep={put.keep!r} is not one of {', '.join(KEEP)}")
-        bad = [i for i in put.groups if not 0 <= i < self.regex.groups]
-        if bad:
-            self._fail(f"{put.fact}: capture group {bad[0]} does not exist (the pattern has {self.regex.groups})")
         if bool(put.groups) != (put.convert is not None):
             self._fail(f"{put.fact}: give capture groups together with a converter, or neither (a constant)")
 
@@ -459,7 +467,7 @@ class LogFormat:
         if fact not in FACTS:
             self._fail(f"yields unknown fact {fact!r}{_close(fact, FACTS)}; facts are declared in FACTS")
 
-    def _fail(self, problem: str) -> None:
+    def _fail(self, problem: str) -> NoReturn:
         raise LogFormatError(f"log format {self.name!r}: {problem}")
 
     def yields(self) -> tuple[str, ...]:
@@ -1184,4 +1192,22 @@ def message_span(line: str) -> tuple[int, int]:
 
 LOG_FACTS = frozenset(fact for fmt in FORMATS for fact in fmt.yields())  # what signals may read
 KEYWORDS = sorted({lit for fmt in FORMATS for lit in fmt.literals})  # what the reader scans for
-PATTERNS = {fmt.name: fmt.regex for fmt in FORMATS}  # vLLM's formats, for other readers of logs
+
+
+class _Patterns(Mapping[str, re.Pattern[str]]):
+    """Each format's regex by name, compiled when it is looked up (see `LogFormat.regex`)."""
+
+    def __init__(self, formats: tuple[LogFormat, ...]) -> None:
+        self._formats = {fmt.name: fmt for fmt in formats}
+
+    def __getitem__(self, name: str) -> re.Pattern[str]:
+        return self._formats[name].regex
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._formats)
+
+    def __len__(self) -> int:
+        return len(self._formats)
+
+
+PATTERNS: Mapping[str, re.Pattern[str]] = _Patterns(FORMATS)  # vLLM's formats, for other readers of logs

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bot.diagnosis.logfacts import CHUNK_BYTES, MAX_LINE_BYTES, extract
-from bot.diagnosis.logformats import FACTS, FORMATS, LOG_FACTS, LogFormat, LogFormatError, Put, to_int
+from bot.diagnosis.logformats import FACTS, FORMATS, LOG_FACTS, PATTERNS, LogFormat, LogFormatError, Put, to_int
 from bot.diagnosis.models import LogText
 from bot.diagnosis.signals import LOG_FACTS as SIGNAL_FACTS
 from bot.diagnosis.signals import SIGNALS
@@ -244,9 +244,18 @@ def test_a_bad_declaration_fails_loudly_and_names_itself(changes, problem):
                   puts=(Put("kv_tokens", (0,), to_int),), versions="unknown", source="unknown")
     fields.update(changes)
     with pytest.raises(LogFormatError) as err:
-        LogFormat(**fields)
+        LogFormat(**fields).regex  # noqa: B018  (the pattern and its groups are checked when first compiled)
     assert "'my_new_kv_line'" in str(err.value)
     assert problem in str(err.value)
+
+
+def test_every_shipped_format_compiles_and_its_puts_name_groups_it_has():
+    # the reader compiles a format when a line first reaches it (issue 20): here every one is
+    for fmt in FORMATS:
+        assert fmt.regex.pattern == fmt.pattern, fmt.name
+        assert all(i < fmt.regex.groups for put in fmt.puts for i in put.groups), fmt.name
+    assert set(PATTERNS) == {fmt.name for fmt in FORMATS} and len(PATTERNS) == len(FORMATS)
+    assert PATTERNS["version"] is next(fmt.regex for fmt in FORMATS if fmt.name == "version")
 
 
 def test_every_format_records_versions_and_source_and_every_fact_is_documented():
