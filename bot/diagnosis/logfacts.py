@@ -189,7 +189,11 @@ class KeywordScanner:
     holds a keyword: a match ends on the line it starts on, and the scan resumes there."""
 
     def __init__(self, keywords: list[bytes]):
-        self.keywords = [kw for kw in dict.fromkeys(keywords) if kw and b"\n" not in kw]
+        kept = [kw for kw in dict.fromkeys(keywords) if kw and b"\n" not in kw]
+        # a keyword holding another one finds no line the other does not: left out, so the 154
+        # literals the playbooks and formats ask for fit two packed searchers, not three (one
+        # pass over the log fewer: 0.03 CPU-s per 100 MB, issue 20)
+        self.keywords = [kw for kw in kept if not any(other in kw and other != kw for other in kept)]
         groups = [self.keywords[i : i + PACKED_PATTERNS] for i in range(0, len(self.keywords), PACKED_PATTERNS)]
         self.automata = [ahocorasick_rs.BytesAhoCorasick(group, matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
                          for group in groups] if ahocorasick_rs else []

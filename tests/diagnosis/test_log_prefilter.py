@@ -106,6 +106,14 @@ def test_more_keywords_than_one_packed_searcher_takes_are_all_found():
     assert len(starts) == len(keywords) == len(_naive_line_starts(chunk, keywords))
 
 
+def test_a_keyword_holding_another_is_left_out_and_its_lines_are_still_found():
+    keywords = [b"MemoryError", b"Error", b"CUDA", b"OOMKilled", b"OOM"]
+    chunk = b"x MemoryError: y\nplain\nreason: OOMKilled\nCUDA\n"
+    scanner = KeywordScanner(keywords)
+    assert scanner.keywords == [b"Error", b"CUDA", b"OOM"]
+    assert scanner.line_starts(chunk) == _naive_line_starts(chunk, keywords) == [0, 23, 41]
+
+
 def test_adjacent_and_overlapping_keywords_on_one_line_count_it_once():
     keywords = [b"Error", b"rror: CUDA", b"CUDA error", b"out of memory"]
     chunk = b"RuntimeError: CUDA error: out of memory\nok\nCUDA errorError\n"
