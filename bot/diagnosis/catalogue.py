@@ -323,7 +323,7 @@ def _entry(raw: Any, where: str) -> CatalogueEntry:
     patterns = tuple(str(p) for p in raw.get("match") or [])
     for p in patterns:
         try:
-            re.compile(p)
+            _bounded(p)  # the form matching uses, so the check is also the compile (re caches it)
         except re.error as exc:
             raise CatalogueError(f"{where}: {raw['id']}: bad match pattern {p!r} ({exc})") from None
     extra = {k: raw[k] for k in ("active_params_b", "vision_params_b") if raw.get(k) is not None}
@@ -343,11 +343,14 @@ def load_catalogue() -> tuple[CatalogueEntry, ...]:
     return tuple(_entry(item, f"models.yaml entry {i + 1}") for i, item in enumerate(raw))
 
 
+def _bounded(pattern: str) -> re.Pattern[str]:
+    """A match pattern with a name boundary on each side: "qwen2.5-7b" must not match "qwen2.5-72b"."""
+    return re.compile(rf"(?<![a-z0-9]){pattern}(?![0-9]|\.\d)")
+
+
 @lru_cache(maxsize=1)
 def _compiled() -> tuple[tuple[re.Pattern[str], str, CatalogueEntry], ...]:
-    # a name boundary on each side: "qwen2.5-7b" must not match "qwen2.5-72b"
-    return tuple((re.compile(rf"(?<![a-z0-9]){p}(?![0-9]|\.\d)"), p, e)
-                 for e in load_catalogue() for p in e.patterns)
+    return tuple((_bounded(p), p, e) for e in load_catalogue() for p in e.patterns)
 
 
 def match_model(model_arg: str | None) -> ModelSpec | None:
