@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.diagnosis import accelerators, instances
+from bot.diagnosis import accelerators
 from bot.diagnosis.budget import BudgetInputs, Config, Fit, LogFigures, build_budget
 from bot.diagnosis.catalogue import ModelSpec, resolve_model
 from bot.diagnosis.cmdline import ParsedCommand
@@ -321,6 +321,8 @@ def _device_resource(grant: GpuGrant) -> str:
 
 def _instance_advice(total: float) -> list[Advice]:
     """Named machines whose GPUs hold the weights (4 x A10G on g5.12xlarge, 8 x A100 on p4d.24xlarge)."""
+    from bot.diagnosis import instances  # its models and table only when advice names machines (issue 20)
+
     items = []
     for p in instances.placements(total):
         inst = p.instance
