@@ -10,9 +10,9 @@ the worst case (at sizes up to 100 MB). The package is byte-compiled first and t
 may write bytecode, as after `pip install` (a PYTHONDONTWRITEBYTECODE environment would
 otherwise compile every module on every run).
 
-Last measured (README "Benchmarks", 2026-12-03, load average 8-12 on 2 shared cores): 100 MB
-6.8-7.0x the floor (0.60-0.65 CPU-s, 46 MiB: the 5x target is not met, most of it is start-up),
-1 GB 3.0-3.9x (2.2 CPU-s, 48-49 MiB), `--help` 0.06-0.08 CPU-s. To see where a run's CPU goes:
+Last measured (README "Benchmarks", 2026-12-03, load average 3.6-12 on 2 shared cores): 100 MB
+6.8-7.9x the floor (0.60-0.65 CPU-s, 46 MiB: the 5x target is not met, most of it is start-up),
+1 GB 3.0-3.9x (2.2-2.4 CPU-s, 48-49 MiB), `--help` 0.06-0.08 CPU-s. To see where a run's CPU goes:
 `python -X importtime -m bot.cli diagnose --log LOG` (start-up) and
 `python -m cProfile -s tottime -m bot.cli diagnose --log LOG` (the scan).
 
