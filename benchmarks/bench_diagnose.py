@@ -11,8 +11,8 @@ may write bytecode, as after `pip install` (a PYTHONDONTWRITEBYTECODE environmen
 otherwise compile every module on every run).
 
 Last measured (README "Benchmarks", 2026-12-03, load average 3.6-12 on 2 shared cores): 100 MB
-6.8-7.9x the floor (0.60-0.65 CPU-s, 46 MiB: the 5x target is not met, most of it is start-up),
-1 GB 3.0-3.9x (2.2-2.4 CPU-s, 48-49 MiB), `--help` 0.06-0.08 CPU-s. To see where a run's CPU goes:
+6.7-7.9x the floor (0.60-0.65 CPU-s, 46 MiB: the 5x target is not met, most of it is start-up),
+1 GB 2.5-3.9x (2.2-2.6 CPU-s, 48-49 MiB), `--help` 0.06-0.08 CPU-s. To see where a run's CPU goes:
 `python -X importtime -m bot.cli diagnose --log LOG` (start-up) and
 `python -m cProfile -s tottime -m bot.cli diagnose --log LOG` (the scan).
 
