@@ -297,3 +297,19 @@ def test_a_long_retry_after_is_capped_by_the_bots_policy_not_slept_by_urllib3(ku
     assert any("kubernetes get pods failed (http_429: " in r.getMessage() and "retry 1/4 in 60.00s" in r.getMessage()
                for r in caplog.records)
     assert [c.code for c in kube_api.calls if c.resource == "pods" and c.verb == "get"] == [429, 200]
+
+
+def test_the_api_servers_proxy_is_taken_from_the_environment_once_not_at_every_request(monkeypatch, tmp_path):
+    """The token-refresh hook re-assigns the host before every request; the proxy for that host
+    is resolved when the client is made and stays (no walk over the environment per call)."""
+    from bot.kube.api import api_client_from_environment
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("https_proxy", raising=False)
+    cfg = api_client_from_environment(
+        kubeconfig=kubeconfig_for("https://k8s.example:6443", tmp_path / "kubeconfig")).configuration
+    assert cfg.proxy == "http://proxy.example:3128"
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://another.example:3128")
+    assert cfg.get_api_key_with_prefix("BearerToken") == "Bearer not-a-secret"  # the hook every request runs
+    assert cfg.host == "https://k8s.example:6443" and cfg.proxy == "http://proxy.example:3128"
