@@ -61,3 +61,32 @@ def test_a_failure_that_may_not_be_retried_is_raised_at_once():
     with pytest.raises(Refused):
         policy(waits).run(fn, api="test", call="busy call", reason_of=reason_of)
     assert len(calls) == 1 and waits == []
+
+
+def test_a_first_failure_is_the_first_attempt_and_the_budget_runs_from_before_it():
+    """The first attempt is made before the retry machinery exists; its failure still counts as
+    attempt 1 and its time against the budget."""
+    now = [0.0]
+    waits: list[float] = []
+    events: list[RetryEvent] = []
+
+    def slow_then_busy():
+        now[0] += 3.0
+        raise Busy()
+
+    with pytest.raises(Busy):
+        policy(waits, initial=0.5, budget=3.2, clock=lambda: now[0], count=events.append).run(
+            slow_then_busy, api="test", call="slow call", reason_of=reason_of)
+    assert waits == [] and events == []  # 3 s spent + a 0.5 s wait would pass the 3.2 s budget
+
+    fn, calls = flaky([Busy()])
+    assert policy(waits, count=events.append).run(fn, api="test", call="busy call", reason_of=reason_of) == "ok"
+    assert len(calls) == 2 and waits == [0.5] and [(e.attempt, e.attempts) for e in events] == [(1, 5)]
+
+
+def test_a_single_attempt_policy_raises_the_first_failure_unretried():
+    waits: list[float] = []
+    fn, calls = flaky([Busy(), Busy()])
+    with pytest.raises(Busy):
+        policy(waits, attempts=1).run(fn, api="test", call="busy call", reason_of=reason_of)
+    assert len(calls) == 1 and waits == []
