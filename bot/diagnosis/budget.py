@@ -36,7 +36,6 @@ from bot.diagnosis.catalogue import (
     quant_from_flag,
 )
 from bot.diagnosis.gpus import GpuGrant
-from bot.diagnosis.models import revised
 
 GIB = 2**30
 BLOCK = 16
@@ -674,16 +673,19 @@ def _kv_picture(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[_Kv, s
 def _memory_checks(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[list[StageCheck], _Kv]:
     capacity, others = f["capacity"].value, f["others"].value
     physical = capacity - others
+    # Shown to 2 decimals; each check is made with it, not made and then re-validated rounded
+    # (a diagnosis builds ~70 checks: a second validation each was ~10% of the diagnosis)
+    have = round(physical, 2)
     weights, overhead, graph = f["weights"].value, f["overhead"].value, f["graph"].value
     kv, how = _kv_picture(b, config, f)
     checks: list[StageCheck] = []
     if b.rules.free_memory_check:
         checks.append(StageCheck(stage="startup", ok=f["budget"].value <= physical, need_gib=f["budget"].value,
-                                 have_gib=physical, detail="total x utilization must be free at start-up"))
-    checks.append(StageCheck(stage="weights", ok=weights <= physical, need_gib=weights, have_gib=physical,
+                                 have_gib=have, detail="total x utilization must be free at start-up"))
+    checks.append(StageCheck(stage="weights", ok=weights <= physical, need_gib=weights, have_gib=have,
                              detail=f"weights {f['weights'].detail}"))
     checks.append(StageCheck(stage="profiling", ok=weights + overhead <= physical, need_gib=round(weights + overhead, 2),
-                             have_gib=physical, detail=f"weights + activation peak and non-torch ({f['overhead'].detail})"))
+                             have_gib=have, detail=f"weights + activation peak and non-torch ({f['overhead'].detail})"))
     need = kv.needed if kv.needed is not None else 0.0
     length = f.get("max_model_len")
     holds = kv.tokens_source != KvSource.LOG or kv.max_len is None or length is None or kv.max_len >= length.value
@@ -691,13 +693,12 @@ def _memory_checks(b: Budget, config: Config, f: dict[str, Figure]) -> tuple[lis
                              have_gib=round(kv.available, 2),
                              detail=f"KV cache {how}; one max-model-len sequence needs {_gib(need)}"))
     in_use = weights + overhead + max(0.0, kv.available)
-    checks.append(StageCheck(stage="kv_allocation", ok=in_use <= physical, need_gib=round(in_use, 2), have_gib=physical,
+    checks.append(StageCheck(stage="kv_allocation", ok=in_use <= physical, need_gib=round(in_use, 2), have_gib=have,
                              detail="weights + overhead + the KV pool must be physically free"))
     checks.append(StageCheck(stage="graph_capture", ok=in_use + graph <= physical, need_gib=round(in_use + graph, 2),
-                             have_gib=physical, detail=f"then CUDA graphs {_gib(graph)} ({f['graph'].source})"))
+                             have_gib=have, detail=f"then CUDA graphs {_gib(graph)} ({f['graph'].source})"))
     if "sampler" in f:
         after = in_use + graph - (f["activation"].value if "activation" in f else 0.0) + f["sampler"].value
-        checks.append(StageCheck(stage="warmup", ok=after <= physical, need_gib=round(after, 2), have_gib=physical,
+        checks.append(StageCheck(stage="warmup", ok=after <= physical, need_gib=round(after, 2), have_gib=have,
                                  detail=f"then the sampler warm-up {_gib(f['sampler'].value)} (estimate)"))
-    return [revised(c, have_gib=round(c.have_gib, 2)) if c.have_gib is not None else c
-            for c in checks], kv
+    return checks, kv
