@@ -1,0 +1,89 @@
+"""CPU per alert in the worker thread alone: new alerts, repeats of them, and one sweep.
+
+The bot is wired as `serve` wires it (bot.cli.wiring.build: the live Kubernetes client, incidents
+as VLLMIncident objects, the Slack WebClient, the seal, the redactor), against the Kubernetes and
+Slack stand-ins from tests/, all in this process; `handle_alert` is called in the main thread and
+its CPU is that thread's (time.thread_time), so the stand-ins' work is not counted. Each run is a
+fresh process state; compare two trees by interleaving runs (the spread at one run is +-2-4 ms on
+a busy 2-core machine: read medians).
+
+Run: python benchmarks/bench_cpu_alert.py [--alerts 40] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+KUBECONFIG = str(Path(tempfile.mkdtemp()) / "kubeconfig")
+os.environ["KUBECONFIG"] = KUBECONFIG  # the kubernetes package reads it once, at import
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+import bench_scale as scale  # noqa: E402
+from builders import kubeconfig_for  # noqa: E402
+
+from bot.app.records import AlertTarget  # noqa: E402
+from bot.cli.settings import load_settings  # noqa: E402
+from bot.cli.wiring import build  # noqa: E402
+
+
+def one_run(alerts: int) -> tuple[float, float, float]:
+    """(median ms per new alert, median ms per repeat, ms for one sweep over the incidents)."""
+    kube, slack = scale.FakeKube().start(), scale.SlackStandIn().start()
+    try:
+        env = {"KUBECONFIG": kubeconfig_for(kube.url, Path(KUBECONFIG)), "VLLM_ONCALL_CLUSTER": "bench",
+               "SLACK_BOT_TOKEN": "xoxb-bench", "SLACK_SIGNING_SECRET": "s3", "SLACK_API_URL": slack.url,
+               "VLLM_ONCALL_SLACK_CHANNEL": "C0BENCH", "VLLM_ONCALL_APPROVERS": "U0A", "VLLM_ONCALL_STORE": "kube",
+               "VLLM_ONCALL_INCIDENT_NAMESPACE": "vllm-oncall", "VLLM_ONCALL_CLUSTER_SOURCE": "kube",
+               "VLLM_ONCALL_DEFAULT_NAMESPACE": scale.NS, "VLLM_ONCALL_ALERT_TOKEN": scale.TOKEN,
+               # the stand-in has no rate limit: pacing would measure Slack's rate (as bench_scale --unpaced)
+               "VLLM_ONCALL_SLACK_POST_INTERVAL": "0", "VLLM_ONCALL_SLACK_UPDATE_INTERVAL": "0",
+               "VLLM_ONCALL_LISTEN": "127.0.0.1:0"}
+        service = build(load_settings(env)).clusters[0].service
+        pods = [scale.crashing(kube, f"vllm-cpu-{i:03d}") for i in range(alerts + 3)]
+
+        def alert(pod: str) -> float:
+            start = time.thread_time()
+            service.handle_alert(AlertTarget(namespace=scale.NS, pod=pod, container="vllm"))
+            return time.thread_time() - start
+
+        for pod in pods[:3]:  # warm-up: first imports, compiled patterns, the connection pools
+            alert(pod)
+            alert(pod)
+        new = [alert(pod) for pod in pods[3:]]
+        repeats = [alert(pod) for pod in pods[3:]]
+        start = time.thread_time()
+        service.sweep()
+        sweep = time.thread_time() - start
+        return statistics.median(new) * 1000, statistics.median(repeats) * 1000, sweep * 1000
+    finally:
+        slack.stop()
+        kube.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--alerts", type=int, default=40, help="new alerts per run (then one repeat of each)")
+    parser.add_argument("--runs", type=int, default=5, help="runs; the medians of their medians are shown")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    runs = []
+    for run in range(args.runs):
+        runs.append(one_run(args.alerts))
+        print(f"run {run + 1}: new {runs[-1][0]:.1f} ms, repeat {runs[-1][1]:.1f} ms, "
+              f"sweep of {args.alerts} incidents {runs[-1][2]:.1f} ms", file=sys.stderr)
+    new, repeat, sweep = (statistics.median(r[i] for r in runs) for i in range(3))
+    print(f"CPU per alert, worker thread ({args.runs} runs, median; load average {os.getloadavg()[0]:.1f}): "
+          f"new {new:.1f} ms, repeat {repeat:.1f} ms, one sweep over {args.alerts} incidents {sweep:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
