@@ -72,6 +72,10 @@ class Policy:
     links: LinkTemplates = field(default_factory=LinkTemplates)
     # The per-install key sealing the bot's own incident text (bot/app/seal.py); None: not sealed.
     seal_key: bytes | None = None
+    # Storms as grouped messages (bot/app/grouping.py): only worth it where posts wait for the
+    # channel's turn. Unpaced (a Slack-compatible endpoint without Slack's rate), each incident
+    # gets its own message at once, however many crash together.
+    group_storms: bool = True
 
 
 PROPOSALS_ONLY = ("proposals-only mode: this is the change the bot would make; nothing will be applied. "

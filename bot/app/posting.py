@@ -110,7 +110,7 @@ class Poster:
                 return self._posted(incident, found, received_at, recovered=True)
         if not self.messages.shown_as_sealed(incident):
             return incident  # edited since the bot wrote it: never posted as the bot's own words
-        if incident.group is None:
+        if incident.group is None and self.policy.group_storms:
             return self._gather(incident, received_at)
         return self._post_one(incident, received_at)  # its own message, in its group's thread
 

@@ -108,7 +108,8 @@ def policy_of(settings: Settings, redactor: Redactor) -> Policy:
                   patch_seconds=patch_seconds(settings) if settings.cluster_source == "kube" else None,
                   links=LinkTemplates({LinkKind.RUNBOOK: settings.runbook_url,
                                        LinkKind.DASHBOARD: settings.dashboard_url}),
-                  seal_key=derived_key(settings.seal_key or settings.slack.bot_token))
+                  seal_key=derived_key(settings.seal_key or settings.slack.bot_token),
+                  group_storms=settings.slack.pace.post_interval > 0)
 
 
 def kubeconfig_of(settings: Settings) -> str | None:

@@ -100,7 +100,7 @@ def slack(clock):
 def world(slack, clock, tmp_path):
     servers = []
 
-    def make(workloads: int, release: threading.Event | None = None):
+    def make(workloads: int, release: threading.Event | None = None, group_storms: bool = True):
         cluster = FakeCluster()
         for w in range(workloads):
             cluster.add_pod(namespace(w), pod(w), f"vllm-w{w}")
@@ -110,7 +110,8 @@ def world(slack, clock, tmp_path):
                           ChatClock(clock.now, clock.sleep))
         held = HeldFirstPost(chat, release, clock) if release is not None else chat
         service = OncallService(cluster, FolderIncidentStore(tmp_path / f"s{len(servers)}"), held,
-                                Policy(approver_users=frozenset({"U0APPROVER"})), metrics=chat.metrics,
+                                Policy(approver_users=frozenset({"U0APPROVER"}), group_storms=group_storms),
+                                metrics=chat.metrics,
                                 diagnose=kv_diagnosis)
         # an item per workload (queue_size): the storm's leader holds only its own while it posts
         server = BotServer(service, alert_token=TOKEN, work=WorkQueue(workers=4, queue_size=1000),
@@ -240,3 +241,19 @@ def test_a_storm_of_a_few_crashes_keeps_its_usual_messages(world, slack, crashes
     assert all(i.group is None for i in server.service.store.list())
     assert slack.wait_for(lambda: len(slack.details()) == crashes, 60)
     assert slack.rate.limited == [] and slack.rate.early == []
+
+
+def test_without_storm_grouping_every_crash_of_a_burst_gets_its_own_message(world, slack):
+    """Unpaced (VLLM_ONCALL_SLACK_POST_INTERVAL=0: an endpoint without Slack's rate) the bot does
+    not group: a burst that would be a storm posts one top-level message per workload."""
+    crashes = 8
+    release = threading.Event()
+    server, _, _ = world(workloads=crashes, release=release, group_storms=False)
+    sender = threading.Thread(target=lambda: send_all(server, [batch([alert(w) for w in range(crashes)])]))
+    sender.start()
+    assert slack.wait_for(lambda: len(server.service.store.list()) == crashes, 60)
+    release.set()
+    sender.join(bound(60))
+    assert slack.wait_for(lambda: all(i.message_id for i in server.service.store.list()), 60)
+    assert [kind(m) for m in slack.channel_messages(CHANNEL)] == [EVENT_TYPE] * crashes
+    assert all(i.group is None for i in server.service.store.list())
