@@ -196,11 +196,14 @@ class Posts:
                 for call in calls:
                     if call.method != "chat.postMessage" or call.params.get("thread_ts") or not call.ok:
                         continue
-                    text = str(call.params.get("text") or "")
-                    workload = text.split(": ", 1)[0].rsplit("/", 1)[-1]
-                    self.count[workload] += 1
-                    self.first.setdefault(workload, call.at)
+                    for workload in self._named(call):
+                        self.count[workload] += 1
+                        self.first.setdefault(workload, call.at)
                 self._lock.notify_all()
+
+    def _named(self, call: Any) -> list[str]:
+        """The workloads a top-level message names: an incident's message names its own."""
+        return [str(call.params.get("text") or "").split(": ", 1)[0].rsplit("/", 1)[-1]]
 
     def wait(self, workload: str, timeout: float = 120) -> float | None:
         with self._lock:
@@ -459,27 +462,14 @@ class NamedPosts(Posts):
     """The first time each workload is named at the top level: its own message, or a line of a storm's
     grouped message (bot/app/grouping.py)."""
 
-    def _run(self) -> None:
-        while not self._stop:
-            self.slack.wait_for(lambda: self._stop or len(self.slack.calls) > self._seen, 1)
-            calls = self.slack.calls[self._seen:]
-            self._seen += len(calls)
-            with self._lock:
-                for call in calls:
-                    if call.method != "chat.postMessage" or call.params.get("thread_ts") or not call.ok:
-                        continue
-                    if (call.params.get("metadata") or {}).get("event_type") == "vllm_oncall_group":
-                        self.groups += 1
-                        named = [b["text"]["text"].split("`")[1].rsplit("/", 1)[-1] for b in call.params["blocks"]
-                                 if str(b.get("block_id", "")).startswith("group-line-")]
-                    else:
-                        named = [str(call.params.get("text") or "").split(": ", 1)[0].rsplit("/", 1)[-1]]
-                    for workload in named:
-                        self.count[workload] += 1
-                        self.first.setdefault(workload, call.at)
-                self._lock.notify_all()
-
     groups = 0
+
+    def _named(self, call: Any) -> list[str]:
+        if (call.params.get("metadata") or {}).get("event_type") == "vllm_oncall_group":
+            self.groups += 1
+            return [b["text"]["text"].split("`")[1].rsplit("/", 1)[-1] for b in call.params["blocks"]
+                    if str(b.get("block_id", "")).startswith("group-line-")]
+        return super()._named(call)
 
 
 def burst_run(workloads: int, total_pods: int, workers: int, folder: Path) -> dict[str, Any]:

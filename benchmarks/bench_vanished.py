@@ -14,7 +14,6 @@ Run: python benchmarks/bench_vanished.py [--pods 10000] [--workloads 250] [--run
 from __future__ import annotations
 
 import argparse
-import copy
 import http.client
 import os
 import statistics
@@ -26,7 +25,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the stand-ins live in tests/
 
-from kubeapi.objects import container, crashing_deployment, deployment, start_pod  # noqa: E402
+from kubeapi.objects import crashing_deployment, crowd  # noqa: E402
 from kubeapi.server import FakeKube  # noqa: E402
 
 from bot.kube.api import KubeApi  # noqa: E402
@@ -35,19 +34,6 @@ from bot.kube.live import LiveCluster  # noqa: E402
 from bot.kube.retry import RetryPolicy  # noqa: E402
 
 NS = "inference"
-
-
-def crowd(kube: FakeKube, pods: int, workloads: int) -> None:
-    c = [container(command=["vllm", "serve", "m"])]
-    for w in range(workloads):
-        dep = kube.put(deployment(f"other-{w:03d}", c, NS))
-        template = start_pod(kube, dep, "ready", suffix="aaaaa")
-        for i in range(pods // workloads - 1):
-            pod = copy.deepcopy(template)
-            pod["metadata"]["name"] = template["metadata"]["name"][:-5] + f"{i:05d}"
-            for key in ("uid", "resourceVersion"):
-                pod["metadata"].pop(key, None)
-            kube.put(pod)
 
 
 def main() -> None:

@@ -688,10 +688,11 @@ def alloc_env(ctx: Context) -> str | None:
     return vendor.alloc_env if vendor is not None else _CUDA_ALLOC_ENV
 
 
-def refuse_unknown_device(ctx: Context) -> None:
-    """A pod that asks for an accelerator the data does not know (no known device among its limits,
-    some vendor's extended resource instead) gets no device or parallelism change: the bot cannot
-    say how many of them the node has or what each holds, and NVIDIA's resource is not the pod's."""
+def refuse_unknown_device(ctx: Context) -> str | None:
+    """The pod's own known device resource (None: it asks for none). A pod that asks for an
+    accelerator the data does not know (no known device among its limits, some vendor's extended
+    resource instead) gets no device or parallelism change (NoSafeChange): the bot cannot say how
+    many of them the node has or what each holds, and NVIDIA's resource is not the pod's."""
     limits = ctx.pod.container.limits if ctx.pod.container else {}
     own, _ = accelerators.pod_device_resource(limits)
     unknown = accelerators.unknown_devices(limits) if own is None else []
@@ -699,6 +700,7 @@ def refuse_unknown_device(ctx: Context) -> None:
         raise NoSafeChange(f"the pod asks for {', '.join(unknown)}, an accelerator this bot does not know "
                            "(bot/diagnosis/data/accelerators.yaml), so it cannot say how many the node has or "
                            "what each holds: no device or parallelism change is proposed")
+    return own
 
 
 def device_target(ctx: Context, kind: str, name: str) -> str:
@@ -710,8 +712,7 @@ def device_target(ctx: Context, kind: str, name: str) -> str:
     section, _, resource = name.partition(".")
     if kind != "resources" or not accelerators.is_device_resource(resource):
         return name
-    refuse_unknown_device(ctx)
-    own, _ = accelerators.pod_device_resource(ctx.pod.container.limits if ctx.pod.container else {})
+    own = refuse_unknown_device(ctx)
     return f"{section}.{own}" if own else name
 
 

@@ -519,6 +519,7 @@ _VLLM_LINE = re.compile(
 # control bytes other than tab, newline, vertical tab, form feed and carriage return
 _CONTROL_BYTES = bytes(b for b in range(32) if b < 9 or 13 < b < 32)
 
+
 def _binary_start(sample: bytes) -> bool:
     """The first 8 KiB of a log say it is not text: nothing of it is read."""
     return b"\x00" in sample or _mostly_binary(sample)

@@ -226,14 +226,8 @@ class SlackChat:
         metadata = {"event_type": EVENT_TYPE, "event_payload": {"incident": incident.name,
                                                                 "post_key": incident.post_key}} \
             if incident.post_key else None
-        in_thread = {"thread_ts": thread.message_id} if thread is not None else {}
-        # Its turn must come inside the post's budget, or the post lease could run out while it waits.
-        resp = self.call("chat.postMessage", self.client.chat_postMessage, policy=self.post_retries,
-                         max_wait=self.post_wait, channel=channel or self.default_channel, **in_thread,
-                         text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
-        ref = MessageRef(channel=resp["channel"], message_id=resp["ts"])
-        # A thread has one level: the details of a message in its group's thread go beside it.
-        details = MessageRef(channel=ref.channel, message_id=thread.message_id) if thread is not None else ref
+        ref = self._post_top(channel, text, blocks, metadata, thread)
+        details = thread or ref  # a thread has one level: the details of a message in its group's thread go beside it
         if self.pacer is None:
             self.post_details(incident, details)
         else:  # its turn comes a second later: the message's id is recorded meanwhile, not after it
@@ -244,8 +238,15 @@ class SlackChat:
     def post_group(self, incidents: list[Incident], channel: str | None = None) -> MessageRef:
         text, blocks = group_message(incidents, self.redactor)
         metadata = {"event_type": GROUP_EVENT_TYPE, "event_payload": {"incidents": [i.name for i in incidents]}}
+        return self._post_top(channel, text, blocks, metadata)
+
+    def _post_top(self, channel: str | None, text: str, blocks: Any, metadata: dict[str, Any] | None,
+                  thread: MessageRef | None = None) -> MessageRef:
+        """An incident's or a group's message, under the post's retries. Its turn must come inside
+        the post's budget, or the post lease could run out while it waits."""
+        in_thread = {"thread_ts": thread.message_id} if thread is not None else {}
         resp = self.call("chat.postMessage", self.client.chat_postMessage, policy=self.post_retries,
-                         max_wait=self.post_wait, channel=channel or self.default_channel,
+                         max_wait=self.post_wait, channel=channel or self.default_channel, **in_thread,
                          text=text, blocks=blocks, unfurl_links=False, unfurl_media=False, metadata=metadata)
         return MessageRef(channel=resp["channel"], message_id=resp["ts"])
 

@@ -40,8 +40,7 @@ class TerminalChat:
         _, blocks = incident_message(incident, self.redactor)
         where = f"the thread of {thread.message_id} in {ref.channel}" if thread is not None else ref.channel
         self._print(f"Message posted to {where}", blocks_to_text(blocks))
-        self.post_details(incident, MessageRef(channel=ref.channel, message_id=thread.message_id)
-                          if thread is not None else ref)
+        self.post_details(incident, thread or ref)  # a thread has one level: beside it in its group's thread
         if incident.post_key:
             self._keys[(ref.channel, incident.post_key)] = ref
         return ref

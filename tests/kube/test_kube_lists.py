@@ -5,11 +5,10 @@ kube-apiserver does and records every request."""
 
 from __future__ import annotations
 
-import copy
 import time
 
 import pytest
-from kubeapi.objects import container, crashing_deployment, deployment, start_pod
+from kubeapi.objects import crashing_deployment, crowd, start_pod
 from kubeapi.server import FakeKube
 from standin_http import bound
 
@@ -28,20 +27,6 @@ def kube():
     fake = FakeKube().start()
     yield fake
     fake.stop()
-
-
-def crowd(kube: FakeKube, pods: int, workloads: int = 50) -> None:
-    """`pods` other pods in the namespace, over `workloads` Deployments (stored directly: fast)."""
-    c = [container(command=["vllm", "serve", "m"])]
-    for w in range(workloads):
-        dep = kube.put(deployment(f"other-{w:03d}", c, NS))
-        template = start_pod(kube, dep, "ready", suffix="aaaaa")
-        for i in range(pods // workloads - 1):
-            pod = copy.deepcopy(template)
-            pod["metadata"]["name"] = template["metadata"]["name"][:-5] + f"{i:05d}"
-            for key in ("uid", "resourceVersion"):
-                pod["metadata"].pop(key, None)
-            kube.put(pod)
 
 
 def pod_lists(kube: FakeKube) -> list:

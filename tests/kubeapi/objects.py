@@ -118,6 +118,20 @@ def start_pod(fake: FakeKube, workload: dict[str, Any], state: str, log: str = "
     return pod
 
 
+def crowd(kube: FakeKube, pods: int, workloads: int = 50, namespace: str = "inference") -> None:
+    """`pods` other (ready) pods in the namespace, over `workloads` Deployments, stored directly: fast."""
+    c = [container(command=["vllm", "serve", "m"])]
+    for w in range(workloads):
+        dep = kube.put(deployment(f"other-{w:03d}", c, namespace))
+        template = start_pod(kube, dep, "ready", suffix="aaaaa")
+        for i in range(pods // workloads - 1):
+            pod = copy.deepcopy(template)
+            pod["metadata"]["name"] = template["metadata"]["name"][:-5] + f"{i:05d}"
+            for key in ("uid", "resourceVersion"):
+                pod["metadata"].pop(key, None)
+            kube.put(pod)
+
+
 def crashing_deployment(fake: FakeKube, name: str = "llama", containers: list[dict[str, Any]] | None = None,
                         previous_log: str = "", labels: dict[str, str] | None = None,
                         annotations: dict[str, str] | None = None, namespace: str = "inference",
