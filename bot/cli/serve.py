@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -181,6 +182,12 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"vllm-oncall serve: {exc}", file=sys.stderr)
         return 2
     logging.getLogger(__name__).info("starting vllm-oncall %s: %s", version(), _summary(settings))
+    # Everything built so far (modules, the Kubernetes client's classes, playbooks, compiled
+    # patterns) lives as long as the process: move it out of the collector's reach, so a full
+    # collection walks only what the work allocates (each one had walked the whole start-up heap:
+    # 0.1-0.3 s, 2-4 ms per alert at 40 alerts/s; see README "Speed at scale").
+    gc.collect()
+    gc.freeze()
     # Kubernetes stops pods with SIGTERM: finish cleanly (the incidents are in the store anyway).
     signal.signal(signal.SIGTERM, lambda *_: app.server.request_stop())
     if app.socket_handler is not None:
