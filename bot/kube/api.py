@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
@@ -33,12 +34,9 @@ from bot.kube.retry import RetryPolicy, is_transient, retry_after_seconds, trans
 
 log = logging.getLogger("bot.kube")
 
-# kind -> (AppsV1Api method suffix, resource name for messages and RBAC)
-WORKLOAD_RESOURCES = {
-    "Deployment": ("deployment", "deployments"),
-    "StatefulSet": ("stateful_set", "statefulsets"),
-    "ReplicaSet": ("replica_set", "replicasets"),
-}
+CORE, APPS = ("api", "v1"), ("apis", "apps", "v1")  # where the core and apps/v1 groups are
+# kind -> its resource in apps/v1 (in paths, messages and RBAC)
+WORKLOAD_RESOURCES = {"Deployment": "deployments", "StatefulSet": "statefulsets", "ReplicaSet": "replicasets"}
 JSON_PATCH = "application/json-patch+json"
 PAGE_SIZE = 500  # items per list page (limit/continue), as kubectl asks
 MERGE_PATCH = "application/merge-patch+json"
@@ -132,8 +130,29 @@ def patch_bounds(within_seconds: float, request_timeout: float = 30.0) -> tuple[
     return min(request_timeout, half), half
 
 
+# Every request asks for JSON (the generated methods' Accept for these calls) and authenticates
+# as the configuration says: its bearer token, through the refresh hook the loaders install
+# (in-cluster token rotation, exec plugins), or nothing when it has none.
+ACCEPT_JSON = {"Accept": "application/json"}
+AUTH_SETTINGS = ["BearerToken"]
+Query = list[tuple[str, str | int | bool]]
+
+
+def list_query(label_selector: str | None = None, field_selector: str | None = None,
+               limit: int | None = None, continue_token: str | None = None) -> Query:
+    """A list's query parameters, in the order the generated client sends them."""
+    given = (("continue", continue_token), ("fieldSelector", field_selector),
+             ("labelSelector", label_selector), ("limit", limit))
+    return [(key, value) for key, value in given if value is not None]
+
+
 class KubeApi:
-    """Thin, explicit wrapper: one method per API call the bot makes (see bot/kube/rbac.py)."""
+    """Thin, explicit wrapper: one method per API call the bot makes (see bot/kube/rbac.py).
+
+    Requests go through the client's own lower layer (ApiClient.param_serialize + call_api): its
+    auth, TLS, proxy, timeouts and body encoding, as the generated methods use them, without the
+    generated methods' pydantic validation of every argument (a third of a call's CPU). The paths
+    are written once, in `_path`; the query parameters are sent in the generated client's order."""
 
     def __init__(self, api_client: client.ApiClient, retry: RetryPolicy | None = None,
                  request_timeout: float = 30.0, patch_within: float | None = None):
@@ -141,9 +160,7 @@ class KubeApi:
         None: like any other call."""
         self.api_client = api_client
         self.host = str(getattr(api_client.configuration, "host", "") or "")  # named in unreachable errors
-        self.core = client.CoreV1Api(api_client)
-        self.apps = client.AppsV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)  # for the pod watch: watch.Watch streams a generated method
         self.retry = retry or RetryPolicy()
         self.request_timeout = request_timeout
         self.page_size = PAGE_SIZE
@@ -153,14 +170,39 @@ class KubeApi:
             self.patch_retry = dataclasses.replace(self.retry, budget=budget)
 
     # -- plumbing
-    def _call(self, verb: str, resource: str, namespace: str | None, fn: Callable[..., Any],
-              *args: Any, raw_text: bool = False, retry: RetryPolicy | None = None, **kwargs: Any) -> Any:
-        kwargs.setdefault("_request_timeout", self.request_timeout)
-        kwargs["_preload_content"] = False
+    def _path(self, api: tuple[str, ...], resource: str, namespace: str | None = None, name: str | None = None,
+              subresource: str | None = None) -> str:
+        """/{api}[/namespaces/{namespace}]/{resource}[/{name}[/{subresource}]], each part quoted as
+        the client quotes a path parameter (a "/" in a name never reaches another path)."""
+        parts = [*api, *(["namespaces", namespace] if namespace is not None else []), resource]
+        parts += [part for part in (name, subresource) if part is not None]
+        for part in parts:
+            if not isinstance(part, str):  # a forged object's name, say; never sent
+                raise ValueError(f"a Kubernetes API path part must be a string, not {type(part).__name__}: {part!r}")
+        safe = self.api_client.configuration.safe_chars_for_path_param
+        return "/" + "/".join(quote(part, safe=safe) for part in parts)
 
+    def _send(self, method: str, path: str, query: Query, body: Any, content_type: str | None,
+              timeout: float) -> bytes:
+        """One HTTP request, as the generated methods make it with _preload_content=False: the
+        answer's body, or ApiException (typed by its status) when it is not a 2xx."""
+        headers = dict(ACCEPT_JSON)
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        request = self.api_client.param_serialize(method, path, query_params=query, header_params=headers,
+                                                  body=body, auth_settings=AUTH_SETTINGS)
+        response = self.api_client.call_api(*request, _request_timeout=timeout)
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return data
+
+    def _call(self, verb: str, resource: str, namespace: str | None, method: str, path: str,
+              query: Query | None = None, body: Any = None, content_type: str | None = None,
+              raw_text: bool = False, retry: RetryPolicy | None = None, timeout: float | None = None) -> Any:
         def once() -> Any:
-            response = fn(*args, **kwargs)
-            data = response.data
+            data = self._send(method, path, list(query or ()), body, content_type,
+                              self.request_timeout if timeout is None else timeout)
             if raw_text:
                 return data.decode("utf-8", errors="replace")
             return json.loads(data) if data else None
@@ -177,21 +219,22 @@ class KubeApi:
 
     # -- core
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call("get", "pods", namespace, self.core.read_namespaced_pod, name, namespace)
+        return self._call("get", "pods", namespace, "GET", self._path(CORE, "pods", namespace, name))
 
-    def _list(self, resource: str, namespace: str | None, fn: Callable[..., Any], *args: Any,
-              **kwargs: Any) -> list[dict[str, Any]]:
-        return [item for page, _ in self._pages(resource, namespace, fn, *args, **kwargs) for item in page]
+    def _list(self, resource: str, namespace: str | None, path: str, label_selector: str | None = None,
+              field_selector: str | None = None) -> list[dict[str, Any]]:
+        return [item for page, _ in self._pages(resource, namespace, path, label_selector, field_selector)
+                for item in page]
 
-    def _pages(self, resource: str, namespace: str | None, fn: Callable[..., Any], *args: Any,
-               **kwargs: Any) -> Iterator[tuple[list[dict[str, Any]], str]]:
+    def _pages(self, resource: str, namespace: str | None, path: str, label_selector: str | None = None,
+               field_selector: str | None = None) -> Iterator[tuple[list[dict[str, Any]], str]]:
         """A list, page by page (`limit` / `continue`): (items, the list's resourceVersion). A
         namespace of 10,000 pods is never one answer held whole in memory, and the caller may
         let each page go before the next is read."""
         token: str | None = None
         while True:
-            body = self._call("list", resource, namespace, fn, *args, limit=self.page_size,
-                              _continue=token, **kwargs) or {}
+            query = list_query(label_selector, field_selector, self.page_size, token)
+            body = self._call("list", resource, namespace, "GET", path, query) or {}
             meta = body.get("metadata") or {}
             yield list(body.get("items") or []), str(meta.get("resourceVersion") or "")
             token = meta.get("continue")
@@ -200,20 +243,21 @@ class KubeApi:
 
     def list_pods(self, namespace: str, label_selector: str | None = None,
                   field_selector: str | None = None) -> list[dict[str, Any]]:
-        return self._list("pods", namespace, self.core.list_namespaced_pod, namespace,
-                          label_selector=label_selector, field_selector=field_selector)
+        return self._list("pods", namespace, self._path(CORE, "pods", namespace), label_selector, field_selector)
 
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
-        return self._list("pods", None, self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
+        return self._list("pods", None, self._path(CORE, "pods"), field_selector=f"spec.nodeName={node}")
 
     def read_log(self, namespace: str, pod: str, container: str, previous: bool = False,
                  limit_bytes: int | None = None, tail_lines: int | None = None) -> str:
         """The container's log. PreviousLogGone when `previous` and the kubelet no longer keeps it
         (it answers 400 "previous terminated container ... not found" for that)."""
+        given = (("container", container), ("limitBytes", limit_bytes), ("previous", previous),
+                 ("tailLines", tail_lines))
+        query: Query = [(key, value) for key, value in given if value is not None]
         try:
-            return self._call("get", "pods/log", namespace, self.core.read_namespaced_pod_log, pod, namespace,
-                              container=container, previous=previous, limit_bytes=limit_bytes,
-                              tail_lines=tail_lines, raw_text=True)
+            return self._call("get", "pods/log", namespace, "GET", self._path(CORE, "pods", namespace, pod, "log"),
+                              query, raw_text=True)
         except KubeInvalid as exc:
             text = exc.server_message
             if previous and ("previous terminated container" in text or "not found" in text):
@@ -221,20 +265,22 @@ class KubeApi:
             raise
 
     def list_events(self, namespace: str, involved_name: str) -> list[dict[str, Any]]:
-        return self._list("events", namespace, self.core.list_namespaced_event, namespace,
+        return self._list("events", namespace, self._path(CORE, "events", namespace),
                           field_selector=f"involvedObject.name={involved_name}")
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
-        return self._call("create", "events", namespace, self.core.create_namespaced_event, namespace, event)
+        # Typed by the client's Event model, as the generated method typed it: fields set to None
+        # are left out, timestamps are sent as ISO 8601 with an offset, an unknown field is refused.
+        body = client.CoreV1Event.model_validate(event)
+        return self._call("create", "events", namespace, "POST", self._path(CORE, "events", namespace), body=body)
 
     def get_node(self, name: str) -> dict[str, Any]:
-        return self._call("get", "nodes", None, self.core.read_node, name)
+        return self._call("get", "nodes", None, "GET", self._path(CORE, "nodes", None, name))
 
     # -- apps
     def get_workload(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
-        method, resource = WORKLOAD_RESOURCES[kind]
-        obj = self._call("get", f"{resource}.apps", namespace,
-                         getattr(self.apps, f"read_namespaced_{method}"), name, namespace)
+        resource = WORKLOAD_RESOURCES[kind]
+        obj = self._call("get", f"{resource}.apps", namespace, "GET", self._path(APPS, resource, namespace, name))
         obj.setdefault("kind", kind)
         obj.setdefault("apiVersion", "apps/v1")
         return obj
@@ -247,49 +293,45 @@ class KubeApi:
             return None
 
     def list_replicasets(self, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
-        return self._list("replicasets.apps", namespace, self.apps.list_namespaced_replica_set,
-                          namespace, label_selector=label_selector)
+        return self._list("replicasets.apps", namespace, self._path(APPS, "replicasets", namespace), label_selector)
 
     def patch_workload(self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]],
                        dry_run: bool = False) -> dict[str, Any]:
         """JSON Patch (RFC 6902). KubeConflict when the object changed (stale resourceVersion, a
         `test` op that no longer holds), KubeInvalid when the server refuses the result."""
-        method, resource = WORKLOAD_RESOURCES[kind]
-        return self._call("patch", f"{resource}.apps", namespace,
-                          getattr(self.apps, f"patch_namespaced_{method}"), name, namespace, ops,
-                          dry_run="All" if dry_run else None, _content_type=JSON_PATCH,
-                          retry=self.patch_retry, _request_timeout=self.patch_timeout)
+        resource = WORKLOAD_RESOURCES[kind]
+        query: Query = [("dryRun", "All")] if dry_run else []
+        return self._call("patch", f"{resource}.apps", namespace, "PATCH", self._path(APPS, resource, namespace, name),
+                          query, body=ops, content_type=JSON_PATCH, retry=self.patch_retry,
+                          timeout=self.patch_timeout)
 
     # -- custom resources (incidents)
     def create_custom(self, group: str, version: str, namespace: str, plural: str,
                       body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("create", f"{plural}.{group}", namespace, self.custom.create_namespaced_custom_object,
-                          group, version, namespace, plural, body)
+        return self._call("create", f"{plural}.{group}", namespace, "POST",
+                          self._path(("apis", group, version), plural, namespace), body=body)
 
     def get_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict[str, Any]:
-        return self._call("get", f"{plural}.{group}", namespace, self.custom.get_namespaced_custom_object,
-                          group, version, namespace, plural, name)
+        return self._call("get", f"{plural}.{group}", namespace, "GET",
+                          self._path(("apis", group, version), plural, namespace, name))
 
     def list_custom(self, group: str, version: str, namespace: str, plural: str,
                     label_selector: str | None = None) -> list[dict[str, Any]]:
-        return self._list(f"{plural}.{group}", namespace, self.custom.list_namespaced_custom_object,
-                          group, version, namespace, plural, label_selector=label_selector)
+        return self._list(f"{plural}.{group}", namespace, self._path(("apis", group, version), plural, namespace),
+                          label_selector)
 
     def patch_custom(self, group: str, version: str, namespace: str, plural: str, name: str,
                      body: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
         """A dict is sent as a merge patch, a list as a JSON Patch."""
-        return self._call("patch", f"{plural}.{group}", namespace, self.custom.patch_namespaced_custom_object,
-                          group, version, namespace, plural, name, body,
-                          _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
-
+        return self._call("patch", f"{plural}.{group}", namespace, "PATCH",
+                          self._path(("apis", group, version), plural, namespace, name), body=body,
+                          content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH)
 
     def pod_pages(self, namespace: str | None, label_selector: str | None = None
                   ) -> Iterator[tuple[list[dict[str, Any]], str]]:
         """Pods of a namespace (None: all), page by page, each with the list's resourceVersion to
         watch from (bot.kube.watch)."""
-        if namespace is None:
-            return self._pages("pods", None, self.core.list_pod_for_all_namespaces, label_selector=label_selector)
-        return self._pages("pods", namespace, self.core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return self._pages("pods", namespace, self._path(CORE, "pods", namespace), label_selector)
 
     def list_pods_versioned(self, namespace: str | None, label_selector: str | None = None
                             ) -> tuple[list[dict[str, Any]], str]:
@@ -342,8 +384,6 @@ class _RawWatch(watch.Watch):
 
 
 def _proxy_path(namespace: str, pod: str, port: int | None, path: str) -> str:
-    from urllib.parse import quote
-
     target = f"{pod}:{port}" if port else pod
     return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(target)}/proxy/{path.lstrip('/')}"
 

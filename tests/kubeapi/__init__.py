@@ -10,6 +10,6 @@ Use from a test module (tests/ is on sys.path under pytest's default import mode
 
 from __future__ import annotations
 
-from kubeapi.server import ApiError, Call, FakeKube, Fault
+from kubeapi.server import ApiError, Call, FakeKube, Fault, Request
 
-__all__ = ["ApiError", "Call", "FakeKube", "Fault"]
+__all__ = ["ApiError", "Call", "FakeKube", "Fault", "Request"]

@@ -15,7 +15,8 @@ cannot run on the test machines):
 - label selectors (=, ==, !=, in, notin, exists, !exists) and field selectors (dotted equality).
 - faults to inject per (verb, resource): 403, N x 5xx, 429 with Retry-After; and around a write's
   commit (`fail_commit`, `chaos`): fail before or after it commits, answer slowly, drop the connection.
-- `calls`: every (verb, apiGroup, resource) the client made, for the RBAC test.
+- `calls`: every (verb, apiGroup, resource) the client made, for the RBAC test; `requests`: each
+  ordinary (not watch, not proxy) request as it arrived (method, target, headers, body).
 - `on_write`: a hook called after each persisted write of a workload, so a test can play the
   part of the Deployment controller (create a new ReplicaSet and pod) deterministically.
 - watch (`?watch=1` on lists) and the pod proxy subresource: tests/kubeapi/streams.py.
@@ -158,6 +159,16 @@ class Call:
     committed: bool = False  # a commit fault hid that this write had committed
 
 
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request as the server received it: what the client really sent."""
+
+    method: str
+    target: str  # the path and the query string, as sent
+    headers: dict[str, str]  # names as sent
+    body: bytes
+
+
 # ---- selectors ------------------------------------------------------------------------------
 
 def _split_selector(text: str) -> list[str]:
@@ -255,6 +266,7 @@ class FakeKube(Streams):
         self.commit_faults: list[CommitFault] = []
         self.chaos: Chaos | None = None
         self.calls: list[Call] = []
+        self.requests: list[Request] = []
         self.list_pages: list[str] = []  # the kind of every list page served (limit/continue)
         self.discovery_calls: list[str] = []  # discovery paths asked for (kubectl), kept out of `calls`
         self.resource_version = 1000
@@ -724,6 +736,8 @@ class _Handler(QuietHandler):
         split = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         body = self.body()
+        with self.kube.lock:
+            self.kube.requests.append(Request(self.command, self.path, dict(self.headers.items()), body))
         try:
             code, payload, headers = self.kube.handle(self.command, split.path, query, body,
                                                       self.headers.get("Content-Type") or "application/json")
