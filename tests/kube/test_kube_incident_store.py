@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from fakes import kv_diagnosis
 from kubeapi.server import FakeKube
 
 from bot.app.ports import IncidentConflict, IncidentExists
-from bot.app.records import Incident
+from bot.app.records import Incident, MessageRef
+from bot.diagnosis.redact import DEFAULT
 from bot.kube.api import KubeApi
-from bot.kube.incidents import KubeIncidentStore
+from bot.kube.incidents import KubeIncidentStore, written_for, from_custom_object
 from bot.kube.retry import RetryPolicy
+from bot.remedy.models import Change, Proposal, WorkloadRef
 
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)
 
@@ -89,3 +93,36 @@ def test_transient_errors_are_retried(store, kube):
     kube.fail("get", "vllmincidents", 503, times=1)
     incident = store.create(make())
     assert store.get(incident.name) == incident
+
+
+def rich(name: str = "prod-inference-llama-kv-9f8e7d6c") -> Incident:
+    """An incident with every part a write stores: diagnosis, proposal, history, message, group."""
+    workload = WorkloadRef(kind="Deployment", namespace="inference", name="llama", container="vllm")
+    proposal = Proposal(id="p1", cluster="prod", workload=workload, cause="kv-cache-max-model-len",
+                        title="The KV cache cannot hold one request", json_patch=[{"op": "test", "path": "/a", "value": 1}],
+                        created_at=NOW, command_before=["vllm"], command_after=["vllm"],
+                        expires_at=NOW + timedelta(hours=1),
+                        changes=[Change(kind="flag", name="--max-model-len", before="32768", after="18432")])
+    return make(name, proposal=proposal, diagnosis=kv_diagnosis(), history=["05:00 diagnosed", "05:01 posted ✓"],
+                message_id="1.2", chat_channel="C1", group=MessageRef(channel="C1", message_id="0.9"), restarts=4)
+
+
+def test_a_write_reads_back_what_a_later_read_of_the_object_reads(store):
+    created = store.create(rich())
+    assert created == store.get(created.name)
+    assert created.model_dump(mode="json") == store.get(created.name).model_dump(mode="json")
+    updated = store.update(created.revised(state="approved", approver="U1", history=[*created.history, "approved"]))
+    assert updated == store.get(created.name) and updated.approver == "U1" and updated.version != created.version
+    assert updated.model_dump(mode="json") == store.get(created.name).model_dump(mode="json")
+
+
+def test_an_answer_whose_record_is_not_the_one_sent_is_read_as_the_server_sent_it():
+    """A write's answer is read from the record just sent only when it carries that very record
+    (a mutating admission webhook, say, may have changed it)."""
+    written = written_for(make(state="proposed"), DEFAULT)
+    answer = json.loads(json.dumps(written.obj))
+    answer["metadata"]["resourceVersion"] = "7"
+    assert from_custom_object(answer, written) == make(state="proposed", version="7")
+    changed = json.loads(answer["spec"]["record"]) | {"state": "rejected", "approver": "U9"}
+    answer["spec"]["record"] = json.dumps(changed)
+    assert from_custom_object(answer, written) == make(state="rejected", approver="U9", version="7")
