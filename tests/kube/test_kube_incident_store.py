@@ -14,7 +14,7 @@ from bot.app.ports import IncidentConflict, IncidentExists
 from bot.app.records import Incident, MessageRef
 from bot.diagnosis.redact import DEFAULT
 from bot.kube.api import KubeApi
-from bot.kube.incidents import KubeIncidentStore, written_for, from_custom_object
+from bot.kube.incidents import KubeIncidentStore, from_custom_object, written_for
 from bot.kube.retry import RetryPolicy
 from bot.remedy.models import Change, Proposal, WorkloadRef
 
