@@ -153,8 +153,9 @@ class KubeApi:
 
     Requests go through the client's own lower layer (ApiClient.param_serialize + call_api): its
     auth, TLS, proxy, timeouts and body encoding, as the generated methods use them, without the
-    generated methods' pydantic validation of every argument (a third of a call's CPU). The paths
-    are written once, in `_path`; the query parameters are sent in the generated client's order."""
+    generated methods' pydantic validation of every argument and their per-call header choice
+    (about 11 of a call's 250 us of CPU; the HTTP layer is most of the rest). The paths are written
+    once, in `_path`; the query parameters are sent in the generated client's order."""
 
     def __init__(self, api_client: client.ApiClient, retry: RetryPolicy | None = None,
                  request_timeout: float = 30.0, patch_within: float | None = None):
