@@ -192,7 +192,7 @@ class KubeApi:
               timeout: float) -> bytes:
         """One HTTP request, as the generated methods make it with _preload_content=False: the
         answer's body, or ApiException (typed by its status) when it is not a 2xx."""
-        headers = dict(ACCEPT_JSON)
+        headers = dict(ACCEPT_JSON)  # a new dict and list each time: param_serialize adds to both
         if content_type is not None:
             headers["Content-Type"] = content_type
         request = self.api_client.param_serialize(method, path, query_params=query, header_params=headers,
