@@ -25,7 +25,7 @@ import re
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from bot.diagnosis.catalogue import (
     DTYPE_BYTES,
@@ -325,6 +325,11 @@ class Budget(Frozen):
     inputs: BudgetInputs
     rules: Rules
     capacity: Figure | None = None
+    # A diagnosis asks the same configuration again and again (the baseline for the picture, the
+    # impact and the software check; the configuration that ran inside every candidate's KV pool):
+    # the budget is frozen, so each answer is computed once (issue 20). The answers are read-only.
+    _figures_by_config: dict[Config, dict[str, Figure]] = PrivateAttr(default_factory=dict)
+    _fit_by_config: dict[Config, Fit] = PrivateAttr(default_factory=dict)
 
     def quantization(self, config: Config) -> QuantSpec | None:
         """The weights' storage under `config`: the flag (fp8 on a bf16 model quantizes online), else the checkpoint's."""
@@ -342,6 +347,12 @@ class Budget(Frozen):
         return None
 
     def figures(self, config: Config) -> dict[str, Figure]:
+        figures = self._figures_by_config.get(config)
+        if figures is None:
+            figures = self._figures_by_config[config] = self._compute_figures(config)
+        return figures
+
+    def _compute_figures(self, config: Config) -> dict[str, Figure]:
         out: dict[str, Figure] = {}
         if self.capacity is not None:
             out["capacity"] = self.capacity
@@ -381,6 +392,12 @@ class Budget(Frozen):
         return Figure(value=0.0, source="default", detail="no other process seen")
 
     def fits(self, config: Config) -> Fit:
+        fit = self._fit_by_config.get(config)
+        if fit is None:
+            fit = self._fit_by_config[config] = self._judge(config)
+        return fit
+
+    def _judge(self, config: Config) -> Fit:
         figures = self.figures(config)
         checks = _topology_checks(self, config)
         assumptions = [f"{name} {f.value:g} ({f.source}{': ' + f.detail if f.detail else ''})"
