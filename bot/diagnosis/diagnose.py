@@ -94,9 +94,26 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
 def _read_log(evidence: Evidence, books: list[Playbook]) -> LogFacts:
     """The one pass over the log, looking for every playbook's literals too."""
     try:
-        return extract(evidence.log, [lit for b in books for lit in b.literals()])
+        return extract(evidence.log, _literals(books))
     except OSError as exc:
         raise BundleError(f"{evidence.log.describe()}: cannot read the log ({exc.strerror or exc})") from None
+
+
+# The literals of a list of playbooks, by the playbooks' identities: every alert diagnoses with the
+# same few lists (the default one, the operator's), and walking their conditions was ~2% of a
+# diagnosis (issue 20). Each entry holds its playbooks, so their ids cannot be reused while it lives.
+_LITERALS_BY_BOOKS: dict[tuple[int, ...], tuple[list[Playbook], list[str]]] = {}
+_LITERAL_LISTS_KEPT = 16
+
+
+def _literals(books: list[Playbook]) -> list[str]:
+    key = tuple(id(b) for b in books)
+    kept = _LITERALS_BY_BOOKS.get(key)
+    if kept is None:
+        if len(_LITERALS_BY_BOOKS) >= _LITERAL_LISTS_KEPT:
+            _LITERALS_BY_BOOKS.clear()
+        kept = _LITERALS_BY_BOOKS[key] = (list(books), [lit for b in books for lit in b.literals()])
+    return kept[1]
 
 
 def _measured_kv(memory: levers.MemoryModel, signals: Signals) -> float | None:

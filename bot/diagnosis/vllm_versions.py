@@ -32,10 +32,20 @@ _IMAGE_TAG = re.compile(r"^v?\d+\.\d+(?:\.\d+)*(?:\.?post\d+)?(?:rc\d+)?(?:[-+_]
 
 def version_key(text: str) -> tuple[int, ...] | None:
     """'0.10.1.1' -> (0, 10, 1, 1, 0); 'v0.6.6.post1' -> (0, 6, 6, 0, 1); None when not a version."""
+    return _known_version_key(text) if len(text) <= _CACHED_VERSION_CHARS else _version_key(text)
+
+
+def _version_key(text: str) -> tuple[int, ...] | None:
     m = _VERSION.match(text.strip())
     if not m:
         return None
     return tuple(int(g) if g else 0 for g in m.groups())
+
+
+# Each diagnosis keys the same ~150 releases of the flag table (issue 20): short texts' keys are
+# kept (a version out of a forged log can be long: it is worked out each time, never kept).
+_CACHED_VERSION_CHARS = 40
+_known_version_key = lru_cache(maxsize=1024)(_version_key)
 
 
 def version_of_image(image: str) -> str | None:
