@@ -19,7 +19,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # the reader's state; imported only for type checkers (it imports this module)
@@ -190,7 +190,10 @@ def handler(fn: Handler) -> Handler:
     return fn
 
 
-_CONFIG_PAIR = re.compile(r"'?(\w+)'?\s*[=:]\s*('[^']*'|\"[^\"]*\"|[^,}\s]+)")
+# (?<!\w): a key starts a word. findall never starts a match inside a word without one (it would
+# have matched from the word's first letter, or the value before it would have taken it), and trying
+# every letter of a 1,600-character engine config line cost ~0.15 ms (issue 20).
+_CONFIG_PAIR = re.compile(r"(?<!\w)'?(\w+)'?\s*[=:]\s*('[^']*'|\"[^\"]*\"|[^,}\s]+)")
 
 
 @handler
@@ -337,20 +340,30 @@ def _add_bound(bounds: dict[str, dict[str, Any]], word: str | None, kind: str, v
         entry[kind] = number  # the tightest bound any message named
 
 
+# What every match of each bound pattern holds, found fast (a literal start, no flag word to try at
+# every position): a message without it is not searched with the pattern, ~0.1 ms a long line
+# (issue 20). Each is a part of its pattern, so a message it misses the pattern misses too.
+_AT_CORE = re.compile(r"to\s+(?:at most|no more than|at least|no less than)\s+\d")
+_MOVE_CORE = re.compile(r"to\s+\d", re.I)
+_PAIR_CORE = re.compile(r"\) (?:is larger than|is greater than|exceeds|is smaller than|is less than)")
+_MAMBA_CORE = "exceeds available Mamba cache blocks ("
+
+
 def read_flag_bounds(message: str) -> dict[str, dict[str, Any]]:
     """Every bound one message names for a vLLM flag (see the grammar above)."""
     bounds: dict[str, dict[str, Any]] = {}
-    for word, how, value in _AT.findall(message):
+    for word, how, value in _AT.findall(message) if _AT_CORE.search(message) else ():
         _add_bound(bounds, word, "at_most" if how in {"at most", "no more than"} else "at_least", value)
-    for verb, word, value in _MOVE.findall(message):
+    for verb, word, value in _MOVE.findall(message) if _MOVE_CORE.search(message) else ():
         if verb.lower() != "set":
             _add_bound(bounds, word, "at_most" if verb.lower().startswith(_DOWN) else "at_least", value)
     for value in _ESTIMATE.findall(message):
         _add_bound(bounds, "max_model_len", "at_most", value)
-    for _seqs, blocks in _SEQS_OVER_MAMBA_BLOCKS.findall(message):
+    for _seqs, blocks in _SEQS_OVER_MAMBA_BLOCKS.findall(message) if _MAMBA_CORE in message else ():
         _add_bound(bounds, "max_num_seqs", "at_most", blocks)
-    advice = [(verb.lower(), vllm_flag(word)) for verb, word in _ADVICE.findall(message)]
-    for first, first_value, relation, second, second_value in _PAIR.findall(message):
+    pairs = _PAIR.findall(message) if _PAIR_CORE.search(message) else []
+    advice = [(verb.lower(), vllm_flag(word)) for verb, word in _ADVICE.findall(message)] if pairs else []
+    for first, first_value, relation, second, second_value in pairs:
         larger = relation in {"is larger than", "is greater than", "exceeds"}
         one, other = vllm_flag(first), vllm_flag(second.strip().rsplit(" ", 1)[-1])
         for verb, flag in advice:
@@ -1185,10 +1198,25 @@ PAYLOAD_LINE = re.compile("(?:" + "|".join(f"(?:{p.pattern})" for p in LINE_PREF
 def message_span(line: str) -> tuple[int, int]:
     """Where vLLM's or PyTorch's own message lies on a line: after the prefixes, before the
     first request payload marker. Empty (start == end) for a request payload line."""
-    prefix = LINE_PREFIX.match(line)  # `(...)*` matches at every line, if only the empty string
+    if not any(literal in line for literal in PAYLOAD_LITERALS):  # most lines: no mark possible, no search
+        prefix = LINE_PREFIX.match(line)  # `(...)*` matches at every line, if only the empty string
+        return prefix.end() if prefix is not None else 0, len(line)
+    # The marks' search tries every position of a line (two marks start with \b, which hides their
+    # literal from the regex engine): ~0.07 ms for a 1,600-character engine config line that holds
+    # "output", asked again by each reader of the line. A short line's answer is kept (issue 20).
+    return _kept_span(line) if len(line) <= KEPT_LINE_CHARS else _span(line)
+
+
+def _span(line: str) -> tuple[int, int]:
+    prefix = LINE_PREFIX.match(line)
     start = prefix.end() if prefix is not None else 0
     payload = PAYLOAD.search(line, start)
     return start, payload.start() if payload is not None else len(line)
+
+
+KEPT_LINE_CHARS = 4096  # the longest line whose payload search is kept (a parsed line part is 4,000 at most)
+_kept_span = lru_cache(maxsize=256)(_span)
+
 
 LOG_FACTS = frozenset(fact for fmt in FORMATS for fact in fmt.yields())  # what signals may read
 KEYWORDS = sorted({lit for fmt in FORMATS for lit in fmt.literals})  # what the reader scans for
