@@ -360,6 +360,12 @@ def match_model(model_arg: str | None) -> ModelSpec | None:
     bnb-4bit, ...) replaces the catalogue's native one."""
     if not model_arg:
         return None
+    # ~150 patterns tried on every alert's model name (issue 20): a short name's answer (a frozen
+    # spec) is kept; a long one, which only a forged manifest has, is matched each time
+    return _known_match(model_arg) if len(model_arg) <= _KEPT_NAME_CHARS else _match(model_arg)
+
+
+def _match(model_arg: str) -> ModelSpec | None:
     text = normalise(model_arg)
     best: tuple[int, str, CatalogueEntry] | None = None
     for rx, pattern, entry in _compiled():
@@ -374,6 +380,10 @@ def match_model(model_arg: str | None) -> ModelSpec | None:
     if named is not None and (spec.quantization is None or named.method != spec.quantization.method):
         update["quantization"] = named
     return revised(spec, **update)
+
+
+_KEPT_NAME_CHARS = 200
+_known_match = lru_cache(maxsize=256)(_match)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
