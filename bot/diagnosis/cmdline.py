@@ -151,11 +151,13 @@ class ParsedCommand:
     def get(self, flag: str) -> str | None:
         """The effective value (last occurrence wins). Booleans read as "true"/"false"."""
         want = canonical(flag)
+        # same_flag(use.name, want) and is_boolean(want), with want's side worked out once
+        want_primary, negated = primary(want), "--no-" + want[2:] if is_boolean(want) else None
         value: str | None = None
         for use in self.flags:
-            if same_flag(use.name, want):
+            if primary(use.name) == want_primary:
                 value = use.value if use.value is not None else "true"
-            elif is_boolean(want) and use.name == "--no-" + want[2:]:
+            elif use.name == negated:
                 value = "false"
         return value
 

@@ -38,7 +38,6 @@ from bot.diagnosis.logformats import (  # noqa: F401  (re-exported: the formats'
     FORMATS,
     FRAME_STAGES,
     HANDLERS,
-    KEPT_LINE_CHARS,
     KEYWORDS,
     MODEL_FILE_HINT,
     PATTERNS,
@@ -47,6 +46,7 @@ from bot.diagnosis.logformats import (  # noqa: F401  (re-exported: the formats'
     PAYLOAD_LITERALS,
     STAGES,
     LogFormat,
+    first_mark,
     message_span,
     to_gib,
     to_int,
@@ -244,21 +244,12 @@ def trusted_text(text: str) -> str:
     nothing but prefixes comes before the marker: a request payload line."""
     if not any(literal in text for literal in PAYLOAD_LITERALS):  # most lines: no mark possible
         return text
-    # a line that may hold a mark is read up to three times a pass (head, hits, tail), and the
-    # marks' search tries every position of it: a short line's answer is kept (issue 20)
-    return _kept_trusted(text) if len(text) <= KEPT_LINE_CHARS else _trusted(text)
-
-
-def _trusted(text: str) -> str:
     if PAYLOAD_LINE.match(text) is not None:  # one anchored match, not a search of a long line
         return ""
-    if PAYLOAD.search(text) is None:  # the common case, one search
+    if first_mark(text) is None:  # the common case, one search (kept for the line's other readers)
         return text
     start, end = message_span(text)
     return text[:end].rstrip() if end > start and text[start:end].strip() else ""
-
-
-_kept_trusted = functools.lru_cache(maxsize=256)(_trusted)
 
 
 def _is_payload_line(raw: bytes) -> bool:

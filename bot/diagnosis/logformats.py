@@ -1198,24 +1198,36 @@ PAYLOAD_LINE = re.compile("(?:" + "|".join(f"(?:{p.pattern})" for p in LINE_PREF
 def message_span(line: str) -> tuple[int, int]:
     """Where vLLM's or PyTorch's own message lies on a line: after the prefixes, before the
     first request payload marker. Empty (start == end) for a request payload line."""
-    if not any(literal in line for literal in PAYLOAD_LITERALS):  # most lines: no mark possible, no search
-        prefix = LINE_PREFIX.match(line)  # `(...)*` matches at every line, if only the empty string
-        return prefix.end() if prefix is not None else 0, len(line)
-    # The marks' search tries every position of a line (two marks start with \b, which hides their
-    # literal from the regex engine): ~0.07 ms for a 1,600-character engine config line that holds
-    # "output", asked again by each reader of the line. A short line's answer is kept (issue 20).
-    return _kept_span(line) if len(line) <= KEPT_LINE_CHARS else _span(line)
-
-
-def _span(line: str) -> tuple[int, int]:
-    prefix = LINE_PREFIX.match(line)
+    prefix = LINE_PREFIX.match(line)  # `(...)*` matches at every line, if only the empty string
     start = prefix.end() if prefix is not None else 0
-    payload = PAYLOAD.search(line, start)
+    first = first_mark(line)
+    if first is None:  # no mark anywhere on the line: none after its prefixes
+        return start, len(line)
+    if first >= start:  # the first mark from the line's start is the first after its prefixes too
+        return start, first
+    payload = PAYLOAD.search(line, start)  # a mark inside the prefixes: the first one after them
     return start, payload.start() if payload is not None else len(line)
 
 
-KEPT_LINE_CHARS = 4096  # the longest line whose payload search is kept (a parsed line part is 4,000 at most)
-_kept_span = lru_cache(maxsize=256)(_span)
+def first_mark(line: str) -> int | None:
+    """Where the line's first request payload marker starts, searched from its very start; None
+    when it has none."""
+    if not any(literal in line for literal in PAYLOAD_LITERALS):  # most lines: no mark possible, no search
+        return None
+    # The marks' search tries every position of a line (two marks start with \b, which hides their
+    # literal from the regex engine): ~0.07 ms for a 1,600-character engine config line that holds
+    # "output", and a pass asks about a line up to four times (head, tail, trusted text, message):
+    # a short line's answer is kept (issue 20).
+    return _kept_first_mark(line) if len(line) <= KEPT_LINE_CHARS else _first_mark(line)
+
+
+def _first_mark(line: str) -> int | None:
+    payload = PAYLOAD.search(line)
+    return payload.start() if payload is not None else None
+
+
+KEPT_LINE_CHARS = 4096  # the longest line whose mark is kept (a parsed line part is 4,000 characters at most)
+_kept_first_mark = lru_cache(maxsize=256)(_first_mark)
 
 
 LOG_FACTS = frozenset(fact for fmt in FORMATS for fact in fmt.yields())  # what signals may read
