@@ -64,9 +64,11 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
                                explanation="The previous container's log holds binary data, so there is nothing to read. "
                                            "No change is proposed.", confidence="low", **base)
 
+    # every line a `log` condition may match, in one text: a literal it does not hold is in no line
+    hit_text = "\n".join(line for _, line in facts.hit_lines)
     for book in sorted(books, key=lambda b: -b.priority):
         matched_lines: list[str] = []
-        if not all(_holds(c, signals, facts, matched_lines) for c in book.when):
+        if not all(_holds(c, signals, facts, matched_lines, hit_text) for c in book.when):
             continue
         problem = levers.software_problem(memory, signals)
         fixed: FixResult = ([], [problem], None, [], []) if problem else _first_fix(book, ctx)
@@ -149,9 +151,11 @@ def _explain(book: Playbook, signals: Signals, changes: list[Change], arithmetic
     return explanation
 
 
-def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str]) -> bool:
+def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str], hit_text: str) -> bool:
     if cond.log is not None:
         literal = cond.gate() or ""
+        if literal not in hit_text:  # one search of all the lines, not one per line (issue 20)
+            return False
         regex = re.compile(cond.log)  # re caches compiled patterns
         for _, line in facts.hit_lines:
             if literal in line and regex.search(line):
@@ -159,11 +163,11 @@ def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str
                 return True
         return False
     if cond.any is not None:
-        return any(_holds(c, signals, facts, matched) for c in cond.any)
+        return any(_holds(c, signals, facts, matched, hit_text) for c in cond.any)
     if cond.all is not None:
-        return all(_holds(c, signals, facts, matched) for c in cond.all)
+        return all(_holds(c, signals, facts, matched, hit_text) for c in cond.all)
     if cond.not_ is not None:
-        return not _holds(cond.not_, signals, facts, [])
+        return not _holds(cond.not_, signals, facts, [], hit_text)
     value = signals.get(cond.signal or "")
     if cond.is_ is not None:
         ok = value == cond.is_
