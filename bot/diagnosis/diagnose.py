@@ -173,7 +173,7 @@ def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str
         ok = value == cond.is_
     elif cond.in_ is not None:
         ok = value in cond.in_
-    elif any(x is not None for x in (cond.above, cond.below, cond.at_least, cond.at_most)):
+    elif cond.above is not None or cond.below is not None or cond.at_least is not None or cond.at_most is not None:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return False
         ok = ((cond.above is None or value > cond.above) and (cond.below is None or value < cond.below)
