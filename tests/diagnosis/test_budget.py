@@ -148,6 +148,21 @@ def test_candidates_on_the_same_evidence():
     assert not budget.fits(Config(max_model_len=29000, gpu_memory_utilization=0.8)).fits
 
 
+def test_a_budget_answers_a_configuration_once_and_as_a_budget_asked_nothing_before():
+    """A diagnosis asks the same configurations again and again (issue 20): the first answer is
+    kept, and it is the answer a fresh budget gives, whatever was asked in between."""
+    asked = build_budget(LLAMA_064)
+    shorter = asked.fits(Config(max_model_len=16384))
+    for config in (Config(max_model_len=29000, kv_cache_dtype="fp8"), Config(max_model_len=29000, quantization="fp8"),
+                   Config(max_model_len=29000, gpu_memory_utilization=0.8), asked.inputs.ran):
+        asked.fits(config)
+    assert asked.fits(Config(max_model_len=16384)) is shorter
+    fresh = build_budget(LLAMA_064)
+    assert fresh.fits(Config(max_model_len=16384)) == shorter and fresh.baseline() == asked.baseline()
+    assert shorter.fits and not asked.baseline().fits
+    assert fresh.figures(Config(max_model_len=16384)) == shorter.figures
+
+
 # ---- the issue's scenarios ---------------------------------------------------------------------------
 
 H100 = GpuGrant(vendor="nvidia", resource="nvidia.com/gpu", granted=1, on_node=8, cards_on_node=8,

@@ -10,7 +10,7 @@ from builders import make_node, make_pod
 
 from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.logfacts import extract
-from bot.diagnosis.logformats import PAYLOAD_LITERALS, PAYLOAD_MARKS, message_span
+from bot.diagnosis.logformats import PAYLOAD, PAYLOAD_LITERALS, PAYLOAD_MARKS, first_mark, message_span
 from bot.diagnosis.models import Evidence, LogText
 
 KV_ERROR = ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
@@ -74,6 +74,34 @@ def test_every_payload_mark_is_cut_at_its_start():
         assert mark.versions and mark.source
     start, end = message_span("(EngineCore_DP0 pid=87) INFO 06-01 10:00:00 [logger.py:39] Received request x: prompt: 'y'")
     assert start == end
+
+
+# (line, where its first mark starts): a `\b` mark after a letter, a digit, `_` or a non-ASCII letter
+# is none; the earliest of several marks wins, whichever mark comes first in PAYLOAD_MARKS
+FIRST_MARKS = [
+    ("prompt: x", 0), ("say prompt: x", 4), ("xprompt: x", None), ("_prompt: x", None), ("\u00e9prompt: x", None),
+    ("1output: y", None), ("-output: y", 1), ("output_token_ids: [1]", 0), ("xprompt: a prompts: b", 11),
+    ('a "GET /x HTTP/1.1" prompt: z', 2), ("Generated text", 0), ("the output is a prompt", None), ("", None),
+    ("x Received request cmpl-1: prompt: 'y'", 2), ("prompt_embeds shape: None output: z", 0),
+]
+
+
+@pytest.mark.parametrize("line, start", FIRST_MARKS)
+def test_the_first_mark_is_where_the_marks_alternation_first_matches(line, start):
+    """first_mark searches the marks one by one (a leading \\b checked by hand, issue 20): it must
+    find what PAYLOAD, their alternation, finds."""
+    found = PAYLOAD.search(line)
+    assert first_mark(line) == start == (found.start() if found is not None else None)
+
+
+def test_a_mark_inside_the_prefixes_does_not_end_the_message():
+    """A process name may hold a mark's text ('(prompt: x pid=1)'): the message is still read, up
+    to the first mark after the prefixes."""
+    line = "(prompt: x pid=1) INFO 06-01 10:00:00 [core.py:1] Model loading took 2.00 GiB"
+    start, end = message_span(line)
+    assert line[start:end] == "Model loading took 2.00 GiB"
+    start, end = message_span(line + " output: 'y'")
+    assert (line + " output: 'y'")[start:end] == "Model loading took 2.00 GiB "
 
 
 def top_level_alternatives(pattern: str) -> list[str]:
