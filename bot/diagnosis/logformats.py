@@ -19,7 +19,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # the reader's state; imported only for type checkers (it imports this module)
