@@ -47,6 +47,7 @@ from bot.diagnosis.logformats import (  # noqa: F401  (re-exported: the formats'
     STAGES,
     LogFormat,
     first_mark,
+    may_hold_mark,
     message_span,
     to_gib,
     to_int,
@@ -242,7 +243,7 @@ class KeywordScanner:
 def trusted_text(text: str) -> str:
     """A line up to its first request payload marker (all of it when it has none); "" when
     nothing but prefixes comes before the marker: a request payload line."""
-    if not any(literal in text for literal in PAYLOAD_LITERALS):  # most lines: no mark possible
+    if not may_hold_mark(text):  # most lines: no mark possible
         return text
     if PAYLOAD_LINE.match(text) is not None:  # one anchored match, not a search of a long line
         return ""
@@ -283,10 +284,23 @@ def _plain_lines(segment: bytes) -> list[str] | None:
     if "\r" in text or "\x1b[" in text:
         return None
     lines = [line[:MAX_LINE_CHARS] for line in text.split("\n")]
-    held = [literal for literal in PAYLOAD_LITERALS if literal in text]
-    if held:
-        lines = [trusted_text(line) if any(literal in line for literal in held) else line for line in lines]
+    for number in _lines_holding(text, [literal for literal in PAYLOAD_LITERALS if literal in text]):
+        lines[number] = trusted_text(lines[number])
     return lines
+
+
+def _lines_holding(text: str, literals: list[str]) -> set[int]:
+    """The numbers (from 0) of the text's lines holding any of `literals` (none holds a newline),
+    found where the literals are, not by testing every line."""
+    numbers: set[int] = set()
+    for literal in literals:
+        number, counted_to, at = 0, 0, text.find(literal)
+        while at != -1:
+            number += text.count("\n", counted_to, at)
+            numbers.add(number)
+            counted_to = text.find("\n", at)  # the line's end: its other occurrences add nothing
+            at = text.find(literal, counted_to) if counted_to != -1 else -1
+    return numbers
 
 
 def _cap_line(line: bytes) -> bytes:
