@@ -585,10 +585,12 @@ _GATE_AUTOMATON = ahocorasick_rs.AhoCorasick(KEYWORDS) if ahocorasick_rs else No
 WRAPPABLE = {fmt.name for fmt in FORMATS if fmt.wrappable}
 
 
+_WRAPPABLE_LITERALS = [(i, fmt.literals) for i, fmt in enumerate(FORMATS) if fmt.name in WRAPPABLE]
+
+
 def _pieces_only_in(joined: str, first: str) -> set[int]:
     """The wrappable formats whose literal a joined message holds and its first line does not."""
-    return {i for i, fmt in enumerate(FORMATS) if fmt.name in WRAPPABLE
-            and any(g in joined and g not in first for g in fmt.literals)}
+    return {i for i, literals in _WRAPPABLE_LITERALS if any(g in joined and g not in first for g in literals)}
 
 
 def _parse_line(state: _State, line: str, n: int, only: set[int] | None = None) -> set[int]:
