@@ -19,7 +19,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # the reader's state; imported only for type checkers (it imports this module)
@@ -1218,7 +1218,7 @@ def first_mark(line: str) -> int | None:
     # each position the engine tries the alternatives in turn). Searched one by one, each starts
     # with a literal the engine skips to, where the alternation tried every position of the line:
     # 0.07 ms a 1,600-character engine config line holding "output" (issue 20).
-    starts = [start for start in (_first_match(regex, boundary, line) for regex, boundary in _MARK_SEARCHES)
+    starts = [start for start in (_first_match(regex, boundary, line) for regex, boundary in _mark_searches())
               if start is not None]
     return min(starts) if starts else None
 
@@ -1265,8 +1265,13 @@ def _top_level_bar(pattern: str) -> bool:
     return False
 
 
+@cache
+def _mark_searches() -> tuple[tuple[re.Pattern[str], bool], ...]:
+    """Compiled when a line first holds a payload literal, not at every start (issue 20)."""
+    return tuple(_mark_search(mark.pattern) for mark in PAYLOAD_MARKS)
+
+
 _WORD_CHAR = re.compile(r"\w")
-_MARK_SEARCHES = tuple(_mark_search(mark.pattern) for mark in PAYLOAD_MARKS)
 
 
 LOG_FACTS = frozenset(fact for fmt in FORMATS for fact in fmt.yields())  # what signals may read
