@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from enum import StrEnum
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -180,8 +181,19 @@ class Fit(Frozen):
 
 
 def version_tuple(text: str | None) -> tuple[int, int, int] | None:
-    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", (text or "").strip())
+    # asked twice for every configuration a diagnosis judges (issue 20): a short text's answer is
+    # kept (a version out of a forged log can be long: it is worked out each time, never kept)
+    text = text or ""
+    return _known_version_tuple(text) if len(text) <= _KEPT_VERSION_CHARS else _version_tuple(text)
+
+
+def _version_tuple(text: str) -> tuple[int, int, int] | None:
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+_KEPT_VERSION_CHARS = 40
+_known_version_tuple = lru_cache(maxsize=256)(_version_tuple)
 
 
 def rules_for(version: str | None, engine: Literal["v0", "v1"] | None = None,
