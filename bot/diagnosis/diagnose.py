@@ -64,8 +64,7 @@ def diagnose(evidence: Evidence, playbooks: Iterable[Playbook] | None = None) ->
                                explanation="The previous container's log holds binary data, so there is nothing to read. "
                                            "No change is proposed.", confidence="low", **base)
 
-    # every line a `log` condition may match, in one text: a literal it does not hold is in no line
-    hit_text = "\n".join(line for _, line in facts.hit_lines)
+    hit_text = _hit_text(facts)
     for book in sorted(books, key=lambda b: -b.priority):
         matched_lines: list[str] = []
         if not all(_holds(c, signals, facts, matched_lines, hit_text) for c in book.when):
@@ -151,10 +150,21 @@ def _explain(book: Playbook, signals: Signals, changes: list[Change], arithmetic
     return explanation
 
 
-def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str], hit_text: str) -> bool:
+HIT_TEXT_CHARS = 256 * 1024  # a typical log's lines are a few KiB; a large log's are searched line by line
+
+
+def _hit_text(facts: LogFacts) -> str | None:
+    """Every line a `log` condition may match, in one text (a literal it does not hold is in no
+    line: one search, not one per line, issue 20); None when that copy would be large."""
+    if sum(len(line) + 1 for _, line in facts.hit_lines) > HIT_TEXT_CHARS:
+        return None
+    return "\n".join(line for _, line in facts.hit_lines)
+
+
+def _holds(cond: Condition, signals: Signals, facts: LogFacts, matched: list[str], hit_text: str | None) -> bool:
     if cond.log is not None:
         literal = cond.gate() or ""
-        if literal not in hit_text:  # one search of all the lines, not one per line (issue 20)
+        if hit_text is not None and literal not in hit_text:
             return False
         regex = re.compile(cond.log)  # re caches compiled patterns
         for _, line in facts.hit_lines:
