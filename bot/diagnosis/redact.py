@@ -252,6 +252,11 @@ _FOLDED_SCAN, _FOLDED_RULES_OF = _literal_index(_FOLDED_LITERALS)
 def _rules_found(text: str, scan: re.Pattern[str], rules_of: dict[str, frozenset[str]]) -> set[str]:
     """The rules whose literals occur in `text`: one left-to-right scan; inside each match, the
     positions a literal could also start at (one literal's tail another's head) are tried too."""
+    automaton = _automaton(tuple(rules_of))
+    if automaton is not None:
+        # every literal that occurs, overlapping ones too, in one pass at C speed: the regex
+        # alternation below is tried at every position (~0.4 ms a 9 KB log, per alert; issue 20)
+        return set().union(*(rules_of[word] for word in set(automaton.find_matches_as_strings(text, overlapping=True))))
     found: set[str] = set()
     position = 0
     while (match := scan.search(text, position)) is not None:
@@ -261,6 +266,16 @@ def _rules_found(text: str, scan: re.Pattern[str], rules_of: dict[str, frozenset
                 found |= rules_of[also.group(0)]
         position = match.end()
     return found
+
+
+@functools.cache
+def _automaton(literals: tuple[str, ...]) -> Any:
+    """An Aho-Corasick automaton of the literals, built when first needed; None without the package."""
+    try:
+        import ahocorasick_rs
+    except ImportError:  # pragma: no cover - the regex scan finds the same literals, slower
+        return None
+    return ahocorasick_rs.AhoCorasick(list(literals))
 
 
 def _candidates(text: str) -> set[str]:
