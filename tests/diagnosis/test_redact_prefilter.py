@@ -84,3 +84,18 @@ def test_each_redactor_keeps_its_own_answers():
     assert R.Redactor([r"ACME-\d+"]).text("ticket ACME-123456") == "ticket ***"
     long_text = "ticket ACME-123456 " * 100  # above the short-text size: redacted every time
     assert R.Redactor([r"ACME-\d+"]).text(long_text) == "ticket *** " * 100
+
+
+# 37 base64 characters, then a JWT whose masked form 'eyJ***' makes the run 40 long: a bare AWS key
+RUN_MADE_BY_A_RULE = "/" * 37 + "ey_abcdefghijkl.eyabcdefghijkl.xyz end"
+
+
+def test_the_run_gate_changes_nothing():
+    """PEM body lines and bare AWS keys are searched only in a text holding a long enough run of
+    base64 characters (issue 20), tested on the text as each rule receives it, not as it arrived."""
+    for text in [*CORPUS, RUN_MADE_BY_A_RULE]:
+        expected = text
+        for rule in R.TOKEN_RULES:
+            expected = rule.pattern.sub(rule.replacement, expected)
+        assert R.redact_tokens(text) == expected, text
+    assert R.redact_tokens(RUN_MADE_BY_A_RULE) == "****** end"
