@@ -193,8 +193,8 @@ def _authorization(match: re.Match[str]) -> str:
 # The prefilter. Every rule below that a literal names can only match where one of its literals
 # occurs, so one combined scan over the text finds which rules can match at all, and only those
 # run (in the same order as without the prefilter, so the output is identical). Rules without a
-# literal (the character-class ones: PEM body lines, bare AWS secrets, assignments, flags, base64)
-# always run. A literal is a necessary condition, never a sufficient one: a wider literal only
+# literal (the character-class ones: assignments, flags, base64) always run; PEM body lines and bare
+# AWS secrets run where the text holds a long enough run of base64 characters (`_RUN_NEEDED`). A literal is a necessary condition, never a sufficient one: a wider literal only
 # costs time. Case-sensitive rules' literals are matched as written; the case-insensitive rules'
 # literals (lower case) against the lower-cased text, with the characters that Python's IGNORECASE
 # also matches to an ASCII letter (U+017F long s, U+0130/U+0131 dotted/dotless i) folded first.
