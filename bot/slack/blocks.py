@@ -1,9 +1,10 @@
 """Block Kit for an incident: pure functions from the incident to (fallback text, blocks).
 
-Blocks are built with slack_sdk's Block Kit models, which know Slack's limits and refuse
-(raise) instead of cutting; so every text is fitted to its limit here, before a model is built,
-and a long log excerpt ends in "… (truncated)" rather than failing the post. The functions
-return the models' JSON (`to_dict()`, which validates), the form chat.postMessage sends.
+The blocks are written straight as the JSON chat.postMessage sends (plain dicts and lists),
+with Slack's limits checked here, once, by the few builders below (_plain_text ... _actions).
+Every text from outside is fitted to its limit before it reaches a builder, and a long log
+excerpt ends in "… (truncated)" rather than failing the post; a text a builder still finds too
+long is a bug here, so it raises instead of sending a message Slack would refuse.
 
 Everything that came from a log, a pod or a node goes through escape()/code_block(); our own
 words (labels, states) are written here. Buttons carry only the incident name; the proposal
@@ -17,18 +18,6 @@ import shlex
 from datetime import datetime
 from typing import Any
 
-from slack_sdk.models.blocks import (
-    ActionsBlock,
-    Block,
-    ButtonElement,
-    ConfirmObject,
-    ContextBlock,
-    HeaderBlock,
-    MarkdownTextObject,
-    PlainTextObject,
-    SectionBlock,
-)
-
 from bot.app.links import IncidentLinks, LinkKind
 from bot.app.records import Incident, Note, NoteKind
 from bot.app.redaction import redacted_diagnosis, redacted_incident
@@ -40,9 +29,20 @@ from bot.slack.escape import code_block, escape, inline_code, unescape
 from bot.slack.notes import mention, note_text
 
 APPROVE, REJECT, ROLLBACK = "vllm_approve", "vllm_reject", "vllm_rollback"
-SECTION_LIMIT = SectionBlock.text_max_length - 100  # a margin below the 3000 Slack allows per section text
-FIELD_LIMIT = 2000  # Slack's limit for one section field; slack_sdk does not check it
-MAX_BLOCKS = 50  # Slack's limit per message; slack_sdk does not check it
+# Slack's Block Kit limits (docs.slack.dev/reference/block-kit), the ones these messages can meet.
+MAX_BLOCKS = 50  # blocks per message
+SECTION_TEXT_MAX = 3000  # a section's text
+FIELD_TEXT_MAX = 2000  # one section field's text
+FIELDS_MAX = 10  # fields per section
+HEADER_TEXT_MAX = 150  # a header's text
+BLOCK_ID_MAX = 255
+CONTEXT_ELEMENTS_MAX = 10
+ACTIONS_ELEMENTS_MAX = 25
+BUTTON_TEXT_MAX, BUTTON_VALUE_MAX, ACTION_ID_MAX = 75, 2000, 255
+CONFIRM_TITLE_LIMIT, CONFIRM_TEXT_LIMIT, CONFIRM_BUTTON_MAX = 100, 300, 30  # a confirm dialog's title, text, buttons
+BUTTON_STYLES = ("primary", "danger")  # or no style: the default, harmless look
+SECTION_LIMIT = SECTION_TEXT_MAX - 100  # what we fit a section's text to: a margin below Slack's 3000
+FIELD_LIMIT = FIELD_TEXT_MAX
 TRUNCATED = "\n… (truncated)"
 S = IncidentState
 STATE_LINES: dict[IncidentState, str] = {
@@ -72,26 +72,93 @@ def fit(text: str, limit: int = SECTION_LIMIT) -> str:
     return text[: limit - len(TRUNCATED) - 1] + TRUNCATED
 
 
-def _mrkdwn(text: str, limit: int = SECTION_LIMIT) -> MarkdownTextObject:
-    # An empty text would make slack_sdk drop the "text" key, a block Slack refuses.
-    return MarkdownTextObject(text=fit(text, limit) or " ")
+Block = dict[str, Any]  # one block as Slack receives it
 
 
-def _plain(text: str) -> PlainTextObject:
-    return PlainTextObject(text=text)
+# ---- Block Kit as JSON ---------------------------------------------------------------------
+# Keys are written in the order slack_sdk's models wrote them (sorted by name; a confirm
+# dialog's title, text, confirm, deny), so the bytes sent did not change when the models went.
+
+def _within(what: str, text: str, limit: int) -> str:
+    if len(text) > limit:
+        raise ValueError(f"{what} has {len(text)} characters; Slack allows {limit}")
+    return text
 
 
-def _section(text: str, block_id: str | None = None) -> SectionBlock:
-    return SectionBlock(text=_mrkdwn(text), block_id=block_id)
+def _plain_text(text: str, limit: int, emoji: bool | None = None) -> dict[str, Any]:
+    _within("a plain text", text, limit)
+    if emoji is None:
+        return {"text": text, "type": "plain_text"}
+    return {"emoji": emoji, "text": text, "type": "plain_text"}
 
 
-def _field(label: str, value: str) -> MarkdownTextObject:
+def _mrkdwn_text(text: str, limit: int) -> dict[str, Any]:
+    return {"text": _within("a mrkdwn text", text, limit), "type": "mrkdwn"}
+
+
+def _mrkdwn(text: str, limit: int = SECTION_LIMIT) -> dict[str, Any]:
+    # An empty text is a block Slack refuses: one space stands in for it.
+    return _mrkdwn_text(fit(text, limit) or " ", limit)
+
+
+def _with_block_id(block_id: str | None, block: Block) -> Block:
+    if block_id is None:
+        return block
+    return {"block_id": _within("a block_id", block_id, BLOCK_ID_MAX), **block}
+
+
+def _section(text: str, block_id: str | None = None) -> Block:
+    return _with_block_id(block_id, {"text": _mrkdwn(text), "type": "section"})
+
+
+def _fields_section(fields: list[dict[str, Any]]) -> Block:
+    if len(fields) > FIELDS_MAX:
+        raise ValueError(f"a section has {len(fields)} fields; Slack allows {FIELDS_MAX}")
+    return {"fields": fields, "type": "section"}
+
+
+def _field(label: str, value: str) -> dict[str, Any]:
     return _mrkdwn(f"*{label}*\n{value}", FIELD_LIMIT)
 
 
-def _json(blocks: list[Block]) -> list[dict[str, Any]]:
-    """What Slack is sent; to_dict() checks each block against Slack's limits."""
-    return [block.to_dict() for block in blocks[:MAX_BLOCKS]]
+def _header(title: str, emoji: bool) -> Block:
+    return {"text": _plain_text(title, HEADER_TEXT_MAX, emoji), "type": "header"}
+
+
+def _context_block(block_id: str, elements: list[dict[str, Any]]) -> Block:
+    if len(elements) > CONTEXT_ELEMENTS_MAX:
+        raise ValueError(f"a context block has {len(elements)} elements; Slack allows {CONTEXT_ELEMENTS_MAX}")
+    return _with_block_id(block_id, {"elements": elements, "type": "context"})
+
+
+def _actions(block_id: str, elements: list[dict[str, Any]]) -> Block:
+    if len(elements) > ACTIONS_ELEMENTS_MAX:
+        raise ValueError(f"an actions block has {len(elements)} elements; Slack allows {ACTIONS_ELEMENTS_MAX}")
+    return _with_block_id(block_id, {"elements": elements, "type": "actions"})
+
+
+def _button(action_id: str, label: str, style: str | None, value: str, confirm: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    button: dict[str, Any] = {"action_id": _within("an action_id", action_id, ACTION_ID_MAX)}
+    if confirm is not None:
+        button["confirm"] = confirm
+    if style is not None:
+        if style not in BUTTON_STYLES:
+            raise ValueError(f"a button's style is {style!r}; Slack knows {', '.join(BUTTON_STYLES)}")
+        button["style"] = style
+    button.update(text=_plain_text(label, BUTTON_TEXT_MAX), type="button",
+                  value=_within("a button's value", value, BUTTON_VALUE_MAX))
+    return button
+
+
+def _confirm(title: str, text: str, yes: str) -> dict[str, Any]:
+    return {"title": _plain_text(title, CONFIRM_TITLE_LIMIT), "text": _mrkdwn_text(text, CONFIRM_TEXT_LIMIT),
+            "confirm": _plain_text(yes, CONFIRM_BUTTON_MAX), "deny": _plain_text("Cancel", CONFIRM_BUTTON_MAX)}
+
+
+def _json(blocks: list[Block]) -> list[Block]:
+    """What Slack is sent: at most its MAX_BLOCKS blocks."""
+    return blocks[:MAX_BLOCKS]
 
 
 def command_line(argv: list[str]) -> str:
@@ -116,10 +183,6 @@ def _shown(incident: Incident, redactor: Redactor) -> Incident:
     changes = [revised(c, before=redactor.text(c.before) if c.before else c.before,
                        after=redactor.text(c.after) if c.after else c.after) for c in p.changes]
     return incident.revised(proposal=revised(p, workload=workload, changes=changes))
-
-
-CONFIRM_TITLE_LIMIT = ConfirmObject.title_max_length  # 100: Slack's limit for a confirm title
-CONFIRM_TEXT_LIMIT = ConfirmObject.text_max_length  # 300: Slack's limit for a confirm text
 
 
 def _cut(text: str, limit: int) -> str:
@@ -207,8 +270,8 @@ def incident_message(incident: Incident, redactor: Redactor = DEFAULT) -> tuple[
     incident = _shown(incident, redactor)
     d = _diagnosis_of(incident)
     fallback = escape(f"[{incident.cluster}] {incident.namespace}/{incident.workload}: {d.title}")
-    title = f"{incident.cluster} · {incident.namespace}/{incident.workload}"[:HeaderBlock.text_max_length]
-    blocks: list[Block] = [HeaderBlock(text=PlainTextObject(text=title, emoji=True)),
+    title = f"{incident.cluster} · {incident.namespace}/{incident.workload}"[:HEADER_TEXT_MAX]
+    blocks: list[Block] = [_header(title, emoji=True),
                            _section(_decision_text(incident, d), block_id="decision-text")]
     notice = _no_button_notice(incident)
     if notice:
@@ -257,12 +320,12 @@ def group_message(incidents: list[Incident], redactor: Redactor = DEFAULT) -> tu
     n = len(shown)
     title = f"{n} vLLM workload{'s' if n != 1 else ''} crashing"
     cluster = shown[0].cluster if shown else ""
-    header = f"{cluster} · {title}"[:HeaderBlock.text_max_length]
+    header = f"{cluster} · {title}"[:HEADER_TEXT_MAX]
     counts = ", ".join(f"{escape(ns)} {count}" for ns, count in per_namespace.items())
-    blocks: list[Block] = [HeaderBlock(text=PlainTextObject(text=header, emoji=False)),
+    blocks: list[Block] = [_header(header, emoji=False),
                            _section(f"*By namespace:* {counts}", block_id="group-namespaces")]
     blocks += [_section(fit(group_line(i), GROUP_LINE_LIMIT), block_id=f"group-line-{k}") for k, i in enumerate(shown)]
-    blocks.append(ContextBlock(block_id="group-thread", elements=[_mrkdwn(
+    blocks.append(_context_block("group-thread", [_mrkdwn(
         "Each workload's own message, with Approve / Reject and its details, follows in this thread.")]))
     names = ", ".join(f"{i.namespace}/{i.workload}" for i in shown)
     fallback = escape(f"[{cluster}] {title}: {names}")[:3000]
@@ -400,10 +463,10 @@ def _look_yourself(links: IncidentLinks) -> str:
     return out
 
 
-def _facts(incident: Incident, d: DiagnosisResult) -> SectionBlock:
+def _facts(incident: Incident, d: DiagnosisResult) -> Block:
     kind = incident.proposal.workload.kind if incident.proposal else "workload"
     restarts = incident.restarts if incident.restarts is not None else "?"
-    return SectionBlock(fields=[
+    return _fields_section([
         _field("Cluster", escape(incident.cluster)),
         _field(escape(kind), f"{escape(incident.namespace)}/{escape(incident.workload)}"),
         _field("Pod / container", f"{escape(d.pod or ', '.join(incident.pods))} / {escape(d.container or '?')}"),
@@ -413,26 +476,16 @@ def _facts(incident: Incident, d: DiagnosisResult) -> SectionBlock:
     ])
 
 
-def _context(incident: Incident) -> ContextBlock:
+def _context(incident: Incident) -> Block:
     pods = ", ".join(incident.pods[:5]) + (f" and {len(incident.pods) - 5} more" if len(incident.pods) > 5 else "")
-    return ContextBlock(block_id="context", elements=[_mrkdwn(escape(
+    return _context_block("context", [_mrkdwn(escape(
         f"incident {incident.name} · pods {pods} · {incident.alert_count} alert(s) · "
         f"first seen {_time(incident.first_seen)} · last seen {_time(incident.last_seen)}"))])
 
 
-def _button(action_id: str, label: str, style: str | None, value: str, confirm: ConfirmObject | None = None
-            ) -> ButtonElement:
-    return ButtonElement(action_id=action_id, style=style, value=value, text=_plain(label), confirm=confirm)
-
-
-def _confirm(title: str, text: str, yes: str) -> ConfirmObject:
-    return ConfirmObject(title=_plain(title), text=MarkdownTextObject(text=text), confirm=_plain(yes),
-                         deny=_plain("Cancel"))
-
-
-def _decision_buttons(incident: Incident) -> ActionsBlock:
+def _decision_buttons(incident: Incident) -> Block:
     assert incident.proposal is not None
-    return ActionsBlock(block_id="decision", elements=[
+    return _actions("decision", [
         _button(APPROVE, "Approve", "primary", decision_value(incident),
                 _confirm(confirm_title(incident), confirm_text(incident), "Apply")),
         _button(REJECT, "Reject", None, decision_value(incident)),  # harmless: no style, by Slack's convention
@@ -448,8 +501,8 @@ def _status_line(incident: Incident) -> str:
     return template.format(who=mention(incident.approver), when=_time(incident.decided_at))
 
 
-def rollback_button(incident_name: str) -> ActionsBlock:
-    return ActionsBlock(block_id="rollback", elements=[
+def rollback_button(incident_name: str) -> Block:
+    return _actions("rollback", [
         _button(ROLLBACK, "Roll back", "danger", incident_name,
                 _confirm("Roll back this change?", "Restore the command line recorded before the change.",
                          "Roll back"))])
