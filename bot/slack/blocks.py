@@ -172,17 +172,29 @@ def change_lines(proposal: Proposal, redactor: Redactor = DEFAULT) -> list[str]:
 
 
 def _shown(incident: Incident, redactor: Redactor) -> Incident:
-    """The incident with every text from the cluster redacted, ready to be escaped and shown."""
+    """The incident with every text from the cluster redacted, ready to be escaped and shown.
+    The proposal's workload texts and change values (kept exact in the store: the apply path
+    needs them) are redacted here; a record is copied only when its redaction changed it, as
+    the copy would otherwise equal it (the common case, rendered at every repeat alert)."""
     incident = redacted_incident(incident, redactor)
     p = incident.proposal
     if p is None:
         return incident
     w = p.workload
-    workload = revised(w, live_patch_blocked=redactor.text(w.live_patch_blocked) if w.live_patch_blocked else None,
-                       repository_hint=redactor.text(w.repository_hint) if w.repository_hint else None)
-    changes = [revised(c, before=redactor.text(c.before) if c.before else c.before,
-                       after=redactor.text(c.after) if c.after else c.after) for c in p.changes]
+    blocked = redactor.text(w.live_patch_blocked) if w.live_patch_blocked else None
+    hint = redactor.text(w.repository_hint) if w.repository_hint else None
+    workload = w if (blocked, hint) == (w.live_patch_blocked, w.repository_hint) \
+        else revised(w, live_patch_blocked=blocked, repository_hint=hint)
+    changes = [_shown_change(c, redactor) for c in p.changes]
+    if workload is w and all(shown is c for shown, c in zip(changes, p.changes, strict=True)):
+        return incident
     return incident.revised(proposal=revised(p, workload=workload, changes=changes))
+
+
+def _shown_change(change: Change, redactor: Redactor) -> Change:
+    before = redactor.text(change.before) if change.before else change.before
+    after = redactor.text(change.after) if change.after else change.after
+    return change if (before, after) == (change.before, change.after) else revised(change, before=before, after=after)
 
 
 def _cut(text: str, limit: int) -> str:

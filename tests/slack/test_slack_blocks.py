@@ -9,7 +9,7 @@ import pytest
 from slack_sdk.models.blocks import Block, SectionBlock
 
 from bot.app.records import Incident, Note, NoteKind
-from bot.diagnosis.models import Change, DiagnosisResult
+from bot.diagnosis.models import Change, DiagnosisResult, revised
 from bot.remedy.models import Proposal, WorkloadRef
 from bot.slack.blocks import blocks_to_text, incident_message, incident_thread, note_message
 from bot.slack.escape import code_block, escape
@@ -230,3 +230,21 @@ def test_pod_spec_findings_in_the_message_and_the_thread():
     detail = next(b for b in thread if b.get("block_id") == "findings")["text"]["text"]
     assert "2 vLLM processes exchange tensors through /dev/shm" in detail
     assert "<!channel>" not in detail and "<@U0BOSS>" not in detail  # escaped like any log text
+
+
+def test_secrets_in_the_proposal_are_shown_redacted_and_a_clean_proposal_unchanged():
+    """The proposal keeps its change values exact (the apply path needs them); the message and its
+    thread show them redacted, as the workload's block reason and repository hint."""
+    token = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
+    clean = incident(blocked="owned by Argo CD")
+    p = clean.proposal
+    secret = clean.revised(proposal=revised(
+        p, workload=revised(p.workload, live_patch_blocked=f"owned by Argo CD, token={token}",
+                            repository_hint=f"values.yaml: hfToken: {token}"),
+        changes=[Change(kind="flag", name="--hf-token", before=token, after=None), *p.changes]))
+    shown = all_text(incident_message(secret)[1]) + all_text(incident_thread(secret)[1])
+    assert token[:8] not in shown
+    assert "--hf-token: *** → (removed)" in shown and "owned by Argo CD, token=***" in shown
+    assert "values.yaml: hfToken: ***" in shown
+    assert secret.proposal.changes[0].before == token  # the record itself is not changed
+    assert incident_message(clean) == incident_message(incident(blocked="owned by Argo CD"))
