@@ -84,8 +84,19 @@ def audit_actor(user_id: str, user_name: Callable[[str], str | None]) -> str:
     return f"{name} (slack:{user_id})" if name else f"slack:{user_id}"
 
 
+SDK_LOGGER = "slack_sdk.web.base_client"  # the logger WebClient writes to
+
+
 def make_client(token: str, base_url: str | None = None, timeout: int = CLIENT_TIMEOUT_SECONDS) -> WebClient:
-    """A WebClient without slack_sdk's own retry handlers: retries happen (and are counted) here."""
+    """A WebClient without slack_sdk's own retry handlers: retries happen (and are counted) here.
+
+    WebClient formats a debug line of every request and answer, bodies included (~70 us a call),
+    whenever its logger's own level is DEBUG or unset, before logging drops the line. So an unset
+    level is set to the one the logger has in effect (the bot's --log-level, configured before
+    this): the lines logged stay the same, and are formatted only when they are logged."""
+    sdk_log = logging.getLogger(SDK_LOGGER)
+    if sdk_log.level == logging.NOTSET:
+        sdk_log.setLevel(sdk_log.getEffectiveLevel())
     return WebClient(token=token, base_url=base_url or SLACK_API_URL, timeout=timeout, retry_handlers=[])
 
 

@@ -29,7 +29,7 @@ def fix_for(error: str, channel: str, bot_name: str = "vllm-oncall") -> str | No
 def slack_problems(client: WebClient, channel: str, api_url: str) -> list[str]:
     """Empty when Slack accepts the token, it carries every scope the bot uses and the bot is a
     member of `channel`; else one line per problem."""
-    sdk_log = logging.getLogger("slack_sdk.web.base_client")
+    sdk_log = client.logger
     level = sdk_log.level
     sdk_log.setLevel(logging.CRITICAL)  # its "Failed to send a request" would come above our one line
     try:

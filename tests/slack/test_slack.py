@@ -7,6 +7,7 @@ through the App, and every Web API call the bot makes lands in the stand-in's re
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -26,7 +27,7 @@ from bot.app.service import OncallService, Policy
 from bot.http.server import BotServer
 from bot.local.store import FolderIncidentStore
 from bot.slack.app import build_app
-from bot.slack.chat import CLIENT_TIMEOUT_SECONDS, POST_BUDGET_SECONDS, SlackChat, make_client
+from bot.slack.chat import CLIENT_TIMEOUT_SECONDS, POST_BUDGET_SECONDS, SDK_LOGGER, SlackChat, make_client
 from bot.slack.payloads import ButtonClick, PayloadError, SlashCommand, click_origin, read
 
 NS, DEPLOY, POD = "inference", "vllm-llama3-8b", "vllm-llama3-8b-7d9f8c6b5-x2k4p"
@@ -394,3 +395,38 @@ def test_unreadable_payloads_name_what_is_missing_in_one_line():
     assert (asked.verb, asked.argument) == ("", "")
     asked = read(SlashCommand, {"user_id": "U1", "channel_id": "C1", "text": "  WHY   inference/pod-1 "})
     assert (asked.verb, asked.argument) == ("why", "inference/pod-1")
+
+
+class CountedText(str):
+    """A message text that counts how often it is formatted for a log line (repr), not sent (JSON)."""
+    formatted = 0
+
+    def __repr__(self) -> str:
+        CountedText.formatted += 1
+        return super().__repr__()
+
+
+@pytest.fixture
+def sdk_log_unset():
+    """slack_sdk's logger as a fresh process has it (no level of its own), restored after."""
+    sdk_log = logging.getLogger(SDK_LOGGER)
+    level = sdk_log.level
+    sdk_log.setLevel(logging.NOTSET)
+    CountedText.formatted = 0
+    yield sdk_log
+    sdk_log.setLevel(level)
+
+
+def test_a_request_is_formatted_for_the_debug_log_only_when_debug_lines_are_logged(slack, caplog, sdk_log_unset):
+    caplog.set_level(logging.INFO)  # serve's default --log-level
+    make_client("xoxb-test-token", slack.url).chat_postMessage(channel=CHANNEL, text=CountedText("quiet"))
+    assert CountedText.formatted == 0 and slack.posts()[-1].params["text"] == "quiet"
+    assert not [r for r in caplog.records if "quiet" in r.getMessage()]
+
+
+def test_with_debug_logging_slack_sdk_still_logs_each_request(slack, caplog, sdk_log_unset):
+    caplog.set_level(logging.DEBUG)  # --log-level DEBUG, configured before the client is made
+    make_client("xoxb-test-token", slack.url).chat_postMessage(channel=CHANNEL, text=CountedText("loud"))
+    assert CountedText.formatted >= 1
+    assert any(r.name == SDK_LOGGER and "Sending a request" in r.getMessage() and "'loud'" in r.getMessage()
+               for r in caplog.records)
