@@ -45,3 +45,31 @@ def test_a_command_still_loads_what_it_needs():
 def test_version_still_answers():
     done = subprocess.run([sys.executable, "-m", "bot.cli", "--version"], capture_output=True, text=True, check=True)
     assert done.stdout.startswith("vllm-oncall ") and done.stdout.split()[1][0].isdigit()
+
+
+COLLECTOR_PROBE = """
+import contextlib, gc, io, sys
+from bot.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    code = main(sys.argv[1:])
+print(code, gc.isenabled(), gc.get_freeze_count())
+"""
+
+
+def collector_after(*argv: str) -> tuple[int, bool, int]:
+    done = subprocess.run([sys.executable, "-c", COLLECTOR_PROBE, *argv], capture_output=True, text=True, check=True)
+    code, enabled, frozen = done.stdout.split()
+    return int(code), enabled == "True", int(frozen)
+
+
+def test_diagnose_freezes_what_it_imported_and_leaves_the_collector_on(tmp_path):
+    """The diagnosis is imported with the cyclic collector paused, then frozen out of its reach
+    (bot.cli.long_lived_imports): the collector must be on again afterwards, also when the input
+    is refused, and the imported modules' objects must be in the permanent generation."""
+    log = tmp_path / "x.log"
+    log.write_text("INFO 06-01 10:00:00 [api_server.py:1] vLLM API server version 0.10.1\n")
+    for argv, want in ((["diagnose", "--log", str(log)], 0), (["diagnose", "--log", str(tmp_path / "none.log")], 2),
+                       (["eval", str(tmp_path)], 2)):
+        code, enabled, frozen = collector_after(*argv)
+        assert (code, enabled) == (want, True), argv
+        assert frozen > 10_000, (argv, frozen)  # pydantic's and the diagnosis's objects, not a handful
