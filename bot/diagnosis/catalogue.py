@@ -21,7 +21,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 
 from bot.diagnosis.models import revised
@@ -336,7 +335,7 @@ def load_catalogue() -> tuple[CatalogueEntry, ...]:
     data = resources.files("bot.diagnosis").joinpath("data/models.yaml")
     try:
         raw = yamlload.safe_load(data.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yamlload.YAMLError) as exc:
         raise CatalogueError(f"bot/diagnosis/data/models.yaml cannot be read ({exc})") from None
     if not isinstance(raw, list):
         raise CatalogueError("bot/diagnosis/data/models.yaml: expected a list of models")

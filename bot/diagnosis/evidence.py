@@ -11,8 +11,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bot.diagnosis.models import BundleError, ContainerView, Evidence, LogText, NodeView, PodView
 from bot.support import yamlload
 
@@ -51,7 +49,7 @@ def _load_yaml(path: Path, kind: str | None) -> Any:
         return None
     try:
         doc = yamlload.safe_load(path.read_text(encoding="utf-8", errors="replace"))
-    except yaml.YAMLError as exc:
+    except yamlload.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise BundleError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None

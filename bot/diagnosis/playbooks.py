@@ -36,7 +36,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -480,7 +479,7 @@ def _format_error(path: Path, exc: ValidationError) -> str:
 def load_file(path: Path) -> Playbook:
     try:
         doc = yamlload.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
+    except yamlload.YAMLError as exc:
         raise PlaybookError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise PlaybookError(f"{path}: a playbook is a mapping with id, title, when, ...")
