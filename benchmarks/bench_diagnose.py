@@ -97,13 +97,13 @@ def main() -> None:
     env = user_env()
     print(f"diagnose, {args.runs} runs each (fresh process per run, each beside one `grep -c Error` pass over the "
           f"same file, page cache warm); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'log':<32}{'median s':>10}{'CPU s':>8}{'floor s':>9}{'floor CPU':>10}{'x floor':>9}"
+    print(f"{'log':<32}{'median s':>10}{'CPU s':>8}{'floor s':>9}{'floor CPU':>10}{'x floor':>9}{'x CPU':>7}"
           f"{'peak RSS MiB':>14}")
     for size in args.size_mb:
         for label, log in make_logs(size).items():
             m = measure(log, args.runs, env)
             print(f"{label + f' {size} MB':<32}{m['wall']:>10.2f}{m['cpu']:>8.2f}{m['floor']:>9.2f}"
-                  f"{m['floor_cpu']:>10.2f}{m['ratio']:>9.1f}{m['rss']:>14.0f}")
+                  f"{m['floor_cpu']:>10.2f}{m['ratio']:>9.1f}{m['cpu'] / m['floor_cpu']:>7.1f}{m['rss']:>14.0f}")
     helps = [run_once([sys.executable, "-m", "bot.cli", "--help"], env) for _ in range(args.runs)]
     print(f"vllm-oncall --help: median {statistics.median(h[1] for h in helps):.3f} CPU-s, "
           f"{statistics.median(h[0] for h in helps):.3f} s wall")
