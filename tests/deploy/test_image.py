@@ -273,6 +273,7 @@ def test_the_wheel_carries_the_playbooks_and_the_demo_incident(image):
     playbooks = {f"bot/_bundled/playbooks/{p.name}" for p in (ROOT / "playbooks").glob("*.yaml")}
     assert playbooks and playbooks <= names
     assert {"bot/_bundled/examples/incident/alert.json", "bot/_bundled/examples/incident/bundle/previous.log"} <= names
+    assert "bot/support/parsed_ahead.jsonl" in names  # the shipped YAML parsed ahead (bot.support.yamlload)
     assert not any(n.startswith(("tests/", "playbooks/", "examples/")) for n in names)
 
 
