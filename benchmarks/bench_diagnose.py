@@ -10,9 +10,25 @@ the worst case (at sizes up to 100 MB). The package is byte-compiled first and t
 may write bytecode, as after `pip install` (a PYTHONDONTWRITEBYTECODE environment would
 otherwise compile every module on every run).
 
-Last measured (README "Benchmarks", 2026-12-03, load average 3.6-12 on 2 shared cores): 100 MB
-6.7-7.9x the floor (0.60-0.65 CPU-s, 46 MiB: the 5x target is not met, most of it is start-up),
-1 GB 2.5-3.9x (2.2-2.6 CPU-s, 48-49 MiB), `--help` 0.06-0.08 CPU-s. To see where a run's CPU goes:
+Printed per log: the median wall and CPU seconds, the floor's, the wall ratio ("x floor", the
+target's measure) and the CPU ratio ("x CPU": on a shared machine the wall ratio swings with the
+load; both processes are single-threaded, so a quiet machine's wall ratio approaches the CPU one).
+
+Last measured 2026-12-03, this bench run on main and on the branch `startup` in turn (A B A B,
+twice), load average 5-10 on 2 shared cores: 100 MB 0.41-0.60 CPU-s against main's 0.56-0.64,
+3.7-6.9x the floor wall, 4.9-6.6x in CPU (main 7.1-7.9x), 44 MiB; 1 GB 2.06-2.26 CPU-s (main
+2.02-2.81), 2.8-3.9x wall, 2.8-2.9x CPU, 50 MiB; `--help` 0.05-0.07 CPU-s. Interleaved single
+runs, 11-15 each, CPU medians: 100 MB 0.45-0.47 -> 0.37-0.40 CPU-s, a 2 MB log 0.29 -> 0.23.
+Where a run's CPU goes now (a 2 MB log: 0.21-0.23 CPU-s at load 5): Python 0.02; pydantic and its first
+model 0.11 (its plugin discovery imports importlib.metadata and reads every installed package's
+entry points: 0.02); the diagnosis's modules ~0.06 (pydantic schemas, dataclasses and regexes
+built at import); the first diagnosis ~0.03 (the playbooks, the model catalogue's ~150 patterns,
+the flag table). The scan of 100 MB is the rest, ~0.16-0.2 CPU-s (by cProfile's tottime: the Aho-Corasick
+pass ~0.10, counting newlines with bytes.count, a byte loop, ~0.05). Cut from start-up by the branch `startup`:
+the collector paused while the diagnosis is imported, then frozen (~80 collections, 15-20 ms), and
+the shipped YAML read from bot/support/parsed_ahead.jsonl without importing PyYAML (~25 ms).
+Measured and not kept: deferring every model's schema (pydantic `defer_build`): no difference
+within the noise, a diagnosis builds nearly all of them. To see where a run's CPU goes:
 `python -X importtime -m bot.cli diagnose --log LOG` (start-up) and
 `python -m cProfile -s tottime -m bot.cli diagnose --log LOG` (the scan).
 
