@@ -61,10 +61,10 @@ def safe_load(text: str) -> Any:
     ahead = _parsed_ahead().get(text_key(text))
     if ahead is not None:
         return json.loads(ahead)
-    return parse(text)
+    return _parse(text)
 
 
-def parse(text: str) -> Any:
+def _parse(text: str) -> Any:
     """The text parsed as YAML, never looked up in the table."""
     import yaml
 
