@@ -8,7 +8,10 @@ import argparse
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from bot.cli.plan import cmd_plan as run
+    from bot.cli import long_lived_imports
+
+    with long_lived_imports():
+        from bot.cli.plan import cmd_plan as run
 
     return run(args)
 

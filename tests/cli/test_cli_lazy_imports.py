@@ -62,14 +62,15 @@ def collector_after(*argv: str) -> tuple[int, bool, int]:
     return int(code), enabled == "True", int(frozen)
 
 
-def test_diagnose_freezes_what_it_imported_and_leaves_the_collector_on(tmp_path):
-    """The diagnosis is imported with the cyclic collector paused, then frozen out of its reach
-    (bot.cli.long_lived_imports): the collector must be on again afterwards, also when the input
-    is refused, and the imported modules' objects must be in the permanent generation."""
+def test_one_shot_commands_freeze_what_they_imported_and_leave_the_collector_on(tmp_path):
+    """diagnose, eval and plan import the diagnosis with the cyclic collector paused, then freeze
+    it out of its reach (bot.cli.long_lived_imports): the collector must be on again afterwards,
+    also when the input is refused, and the imported modules' objects must be in the permanent
+    generation."""
     log = tmp_path / "x.log"
     log.write_text("INFO 06-01 10:00:00 [api_server.py:1] vLLM API server version 0.10.1\n")
     for argv, want in ((["diagnose", "--log", str(log)], 0), (["diagnose", "--log", str(tmp_path / "none.log")], 2),
-                       (["eval", str(tmp_path)], 2)):
+                       (["eval", str(tmp_path)], 2), (["plan", str(tmp_path / "none.yaml"), "--gpu", "L4"], 2)):
         code, enabled, frozen = collector_after(*argv)
         assert (code, enabled) == (want, True), argv
         assert frozen > 10_000, (argv, frozen)  # pydantic's and the diagnosis's objects, not a handful
