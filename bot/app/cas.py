@@ -15,7 +15,9 @@ from typing import Any
 
 from bot.app.ports import IncidentConflict, IncidentStore
 from bot.app.records import Incident
+from bot.app.redaction import carried_over
 from bot.app.state import IncidentState, check_move
+from bot.diagnosis.redact import DEFAULT, Redactor
 
 HISTORY_LIMIT = 60  # entries kept on the incident object (bounded object size)
 ATTEMPTS = 8  # lost races before giving up
@@ -39,8 +41,9 @@ def moved(incident: Incident, to: IncidentState, now: datetime, note: str, **fie
 
 class IncidentCas:
     def __init__(self, store: IncidentStore, clock: Callable[[], datetime],
-                 sealed: Callable[[Incident | None, Incident], Incident] | None = None):
-        self.store, self.clock = store, clock
+                 sealed: Callable[[Incident | None, Incident], Incident] | None = None,
+                 redactor: Redactor = DEFAULT):
+        self.store, self.clock, self.redactor = store, clock, redactor
         # (before, after) -> after as written: seals the bot's own text (bot.app.seal.Sealer.after_write)
         self.sealed = sealed or (lambda before, after: after)
 
@@ -48,18 +51,26 @@ class IncidentCas:
         """Store a new incident (its text, the bot's own, sealed). Raises IncidentExists."""
         return self.store.create(self.sealed(None, incident))
 
-    def mutate(self, name: str, change: Callable[[Incident], Incident | None]) -> Incident | None:
+    def mutate(self, name: str, change: Callable[[Incident], Incident | None],
+               known: Incident | None = None) -> Incident | None:
         """Read-modify-write with compare-and-swap; `change` returning None means: leave it.
-        Returns the incident as stored afterwards, None if it does not exist."""
-        for _ in range(ATTEMPTS):
-            incident = self.store.get(name)
+        Returns the incident as stored afterwards, None if it does not exist.
+
+        `known`: the incident as the caller last read or wrote it; the first attempt starts from it
+        instead of reading. Safe: the write is a CAS on its version, so a stale `known` only costs
+        a conflict and a re-read."""
+        for attempt in range(ATTEMPTS):
+            from_known = attempt == 0 and known is not None
+            incident = known if from_known else self.store.get(name)
             if incident is None:
                 return None
             updated = change(incident)
             if updated is None:
+                if from_known:
+                    continue  # "leave it" is decided on the incident as stored, never on a copy
                 return incident
             try:
-                return self.store.update(self.sealed(incident, updated))
+                return self.store.update(self.sealed(incident, carried_over(incident, updated, self.redactor)))
             except IncidentConflict:
                 continue
         raise IncidentConflict(f"{name}: gave up after {ATTEMPTS} lost races")

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 POD_LIMIT = 20  # pod names kept per incident: crash-looping pods get replaced over days
 REMEMBERED = 4096  # pods and incident names this process remembers (bounded: an LRU)
+# Incidents this process remembers as it last wrote them, so a repeat writes its count without
+# reading first. Fewer: each may carry up to 112 KB of kept evidence.
+LATEST = 256
 
 
 def crash_mark(pod: dict[str, Any], container: str | None) -> Hashable:
@@ -86,6 +89,9 @@ class Intake:
         # incident not remembered (another replica, a restart) takes the full path.
         self._crashes = Remembered()
         self._names = Remembered()
+        # name -> the incident as this process last wrote or read it: a CAS starts from it (a
+        # stale one costs a conflict and a re-read, never a lost count).
+        self._latest = Remembered(LATEST)
 
     def handle_alert(self, target: AlertTarget) -> Incident | None:
         """A firing alert opens or updates the incident of (workload, cause); a resolved one
@@ -111,6 +117,7 @@ class Intake:
         incident = self.open_or_update(target, evidence, channel=None)
         if incident is not None and evidence.pod:
             self._crashes.put(self._alert_key(target), (crash_mark(evidence.pod, evidence.container), incident.name))
+            self._latest.put(incident.name, incident)
         return incident
 
     def _alert_key(self, target: AlertTarget) -> Hashable:
@@ -134,14 +141,21 @@ class Intake:
                 return None  # crashing again after it was resolved: the full path reopens it
             return incident.revised(last_seen=self.clock(), alert_count=incident.alert_count + 1)
 
-        incident = self.cas.mutate(name, count)
+        incident = self.cas.mutate(name, count, known=self._latest.get(name))
         if incident is None or incident.state == IncidentState.RESOLVED:
             self._crashes.forget(self._alert_key(target))
+            self._latest.forget(name)
             return None
         self.metrics.repeats.inc()
         if not incident.message_id:
-            return self.poster.ensure_posted(name, known=incident)  # a post that failed earlier: try again now
-        self.messages.refresh(incident)
+            posted = self.poster.ensure_posted(name, known=incident)  # a post that failed earlier: try again now
+            if posted is not None:
+                self._latest.put(name, posted)
+            return posted
+        self._latest.put(name, incident)
+        # Only the count changed: folded with the other repeats' updates (one chat.update per
+        # incident per turn, rendered from the incident as it is then).
+        self.messages.refresh_folded(name, lambda: self.store.get(name), incident)
         return incident
 
     def open_or_update(self, target: AlertTarget, evidence: Evidence, channel: str | None,
@@ -225,7 +239,7 @@ class Intake:
                          proposal=proposal, diagnosis=diagnosis if proposal is fresh else incident.diagnosis,
                          approver=None, decided_at=None)
 
-        incident = self.cas.mutate(name, fold)
+        incident = self.cas.mutate(name, fold, known=current)
         if incident is None:
             return None
         if not incident.message_id:

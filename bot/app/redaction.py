@@ -93,6 +93,16 @@ def redacted_lines(lines: list[str], redactor: Redactor) -> list[str]:
     return [redactor.text(line) for line in lines]
 
 
+def carried_over(before: Incident, after: Incident, redactor: Redactor) -> Incident:
+    """`after`, a revision of `before`: marked as redacted when `before` is and the revision kept
+    every part redaction rewrites (the same diagnosis, proposal and applied change, the same
+    history), e.g. a repeat's counters; so the write of a count does not redact the incident again."""
+    if redacted_by(before, redactor) and after.diagnosis is before.diagnosis and after.proposal is before.proposal \
+            and after.applied is before.applied and after.history == before.history:
+        mark_redacted(after, redactor)
+    return after
+
+
 def marked_as_stored(incident: Incident, redactor: Redactor) -> Incident:
     """An incident a store read back from what it wrote (redacted by `redactor`): marked, with
     its diagnosis and proposal, so the next write or render does not redact it again."""

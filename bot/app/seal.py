@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from bot.app.records import Incident
-from bot.app.redaction import redacted_incident
+from bot.app.redaction import mark_redacted, redacted_incident
 from bot.diagnosis.redact import DEFAULT, Redactor
 
 SEALED_FIELDS = ("cluster", "namespace", "workload", "cause", "diagnosis", "proposal")
@@ -37,14 +37,20 @@ class Sealer:
         self.key, self.redactor = key, redactor
 
     def _digest(self, incident: Incident) -> str:
-        shown = redacted_incident(incident, self.redactor)  # as the store keeps it: idempotent
+        return self._digest_of_shown(redacted_incident(incident, self.redactor))  # as the store keeps it: idempotent
+
+    def _digest_of_shown(self, shown: Incident) -> str:
+        """The seal over an incident as the store keeps it (redacted)."""
         fields: dict[str, Any] = shown.model_dump(mode="json", include=set(SEALED_FIELDS))
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return hmac.new(self.key, canonical.encode(), hashlib.sha256).hexdigest()
 
     def sealed(self, incident: Incident) -> Incident:
-        """The incident with a seal over its text: only for text the bot has just computed."""
-        return incident.revised(text_seal=self._digest(incident))
+        """The incident as the store keeps it (redacted) with a seal over its text: only for text
+        the bot has just computed. Redacted here, once: the seal is over the redacted text, and the
+        store takes the copy as it is (the seal is no text redaction touches, so it stays marked)."""
+        shown = redacted_incident(incident, self.redactor)
+        return mark_redacted(shown.revised(text_seal=self._digest_of_shown(shown)), self.redactor)
 
     def intact(self, incident: Incident) -> bool:
         """Its text is the text the bot sealed (a missing seal is not intact)."""

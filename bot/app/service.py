@@ -58,7 +58,7 @@ class OncallService:
         self.clock = clock
         # With a seal key the bot's own text is sealed and checked before it is rendered (bot.app.seal).
         sealer = Sealer(self.policy.seal_key, self.policy.redactor) if self.policy.seal_key else None
-        cas = IncidentCas(store, clock, sealer.after_write if sealer else None)
+        cas = IncidentCas(store, clock, sealer.after_write if sealer else None, self.policy.redactor)
         messages = Messages(chat, self.metrics, sealer.intact if sealer else None)
         self.approvers = Approvers(self.policy, chat)
         proposer = Proposer(cluster, diagnose, self.policy, clock, traffic)
