@@ -1,0 +1,108 @@
+"""What an alert costs the application: the incident's text redacted and sealed once per write,
+a repeat of the same crash written from the incident this process last wrote (no read first),
+and nothing lost when that copy is stale (another replica wrote meanwhile)."""
+
+from __future__ import annotations
+
+from fakes import FakeCluster, RecordingChat, kv_diagnosis
+
+from bot.app.records import AlertTarget, NoteKind
+from bot.app.seal import Sealer
+from bot.app.service import OncallService, Policy
+from bot.app.state import IncidentState
+from bot.diagnosis.redact import Redactor
+from bot.local.store import FolderIncidentStore
+
+NS, DEPLOY = "inference", "vllm-llama3-8b"
+POD = "vllm-llama3-8b-7d9f8c6b5-x2k4p"
+KEY = b"k" * 32
+EXPLANATION = kv_diagnosis().explanation
+
+
+class CountingRedactor(Redactor):
+    """The built-in rules, counting the texts handed to them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def text(self, text: str) -> str:
+        self.texts.append(text)
+        return super().text(text)
+
+
+class CountingStore(FolderIncidentStore):
+    """The folder store, counting its reads and writes."""
+
+    def __init__(self, folder, redactor: Redactor) -> None:
+        super().__init__(folder, redactor)
+        self.gets = self.updates = 0
+
+    def get(self, name):
+        self.gets += 1
+        return super().get(name)
+
+    def update(self, incident):
+        self.updates += 1
+        return super().update(incident)
+
+
+def alert(firing: bool = True) -> AlertTarget:
+    return AlertTarget(namespace=NS, pod=POD, container="vllm", firing=firing)
+
+
+def replica(folder, chat: RecordingChat, name: str = "a") -> tuple[OncallService, CountingStore, CountingRedactor]:
+    cluster = FakeCluster()
+    cluster.add_pod(NS, POD, DEPLOY)
+    redactor = CountingRedactor()
+    store = CountingStore(folder, redactor)
+    service = OncallService(cluster, store, chat, Policy(replica=name, seal_key=KEY, redactor=redactor),
+                            diagnose=kv_diagnosis)
+    return service, store, redactor
+
+
+def test_a_new_incident_is_redacted_once_and_stored_sealed(tmp_path):
+    service, store, redactor = replica(tmp_path, RecordingChat())
+    incident = service.handle_alert(alert())
+    assert incident is not None and incident.message_id
+    # created, then its message recorded: two writes, the diagnosis redacted for the first only
+    assert redactor.texts.count(EXPLANATION) == 1
+    stored = store.get(incident.name)
+    assert stored.text_seal and Sealer(KEY, redactor).intact(stored)
+
+
+def test_a_repeat_writes_its_count_without_reading_or_redacting(tmp_path):
+    chat = RecordingChat()
+    service, store, redactor = replica(tmp_path, chat)
+    first = service.handle_alert(alert())
+    gets, updates, texts = store.gets, store.updates, len(redactor.texts)
+    again = service.handle_alert(alert())
+    assert again is not None and again.alert_count == 2
+    assert (store.gets - gets, store.updates - updates) == (0, 1)
+    assert len(redactor.texts) == texts  # the count changes no redacted text: nothing redacted again
+    assert store.get(first.name).alert_count == 2 and Sealer(KEY, redactor).intact(store.get(first.name))
+    assert [(name, message.message_id) for name, _, message in chat.updates] == [(first.name, first.message_id)]
+
+
+def test_a_repeat_after_another_replica_wrote_counts_on_the_current_incident(tmp_path):
+    chat = RecordingChat()
+    a, store, _ = replica(tmp_path, chat, "a")
+    b, _, _ = replica(tmp_path, chat, "b")
+    first = a.handle_alert(alert())
+    b.handle_alert(alert())  # the HA pair's other copy: b has not seen it, folds it into a's incident
+    gets = store.gets
+    again = a.handle_alert(alert())  # a's copy of the incident is stale: the CAS loses, reads, counts
+    assert again is not None and again.alert_count == 3 and store.gets - gets == 1
+    assert store.get(first.name).alert_count == 3 and len(chat.posts) == 1
+
+
+def test_a_repeat_after_another_replica_resolved_it_reopens_it(tmp_path):
+    chat = RecordingChat()
+    a, store, _ = replica(tmp_path, chat, "a")
+    b, _, _ = replica(tmp_path, chat, "b")
+    first = a.handle_alert(alert())
+    assert b.handle_alert(alert(firing=False)).state == IncidentState.RESOLVED
+    again = a.handle_alert(alert())  # a still holds it open: decided on the stored copy, not on that
+    assert again is not None and again.state == IncidentState.PROPOSED
+    assert store.get(first.name).state == IncidentState.PROPOSED
+    assert [note.kind for _, note in chat.replies] == [NoteKind.CRASHING_AGAIN]
