@@ -11,13 +11,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from bot.app.ports import IncidentConflict, IncidentStore
 from bot.app.records import Incident
-from bot.app.redaction import carried_over
 from bot.app.state import IncidentState, check_move
-from bot.diagnosis.redact import DEFAULT, Redactor
 
 HISTORY_LIMIT = 60  # entries kept on the incident object (bounded object size)
 ATTEMPTS = 8  # lost races before giving up
@@ -39,17 +37,41 @@ def moved(incident: Incident, to: IncidentState, now: datetime, note: str, **fie
     return incident.revised(**fields, state=state, history=noted(incident, now, note))
 
 
+class WriteHooks(Protocol):
+    """What is done to every incident the bot writes (bot.app.seal: sealed, kept redacted)."""
+
+    def after_write(self, before: Incident | None, after: Incident) -> Incident:
+        """`after` as the bot writes it over `before` (None: a new incident)."""
+
+    def stored(self, written: Incident, answer: Incident) -> Incident:
+        """The store's answer to the write of `written`."""
+
+
+class AsWritten:
+    """No hooks: every incident is written and taken back as it is."""
+
+    def after_write(self, before: Incident | None, after: Incident) -> Incident:
+        return after
+
+    def stored(self, written: Incident, answer: Incident) -> Incident:
+        return answer
+
+
 class IncidentCas:
-    def __init__(self, store: IncidentStore, clock: Callable[[], datetime],
-                 sealed: Callable[[Incident | None, Incident], Incident] | None = None,
-                 redactor: Redactor = DEFAULT):
-        self.store, self.clock, self.redactor = store, clock, redactor
-        # (before, after) -> after as written: seals the bot's own text (bot.app.seal.Sealer.after_write)
-        self.sealed = sealed or (lambda before, after: after)
+    def __init__(self, store: IncidentStore, clock: Callable[[], datetime], hooks: WriteHooks | None = None):
+        self.store, self.clock = store, clock
+        self.hooks = hooks or AsWritten()  # seals the bot's own text (bot.app.seal.Sealer)
 
     def create(self, incident: Incident) -> Incident:
         """Store a new incident (its text, the bot's own, sealed). Raises IncidentExists."""
-        return self.store.create(self.sealed(None, incident))
+        written = self.hooks.after_write(None, incident)
+        return self.hooks.stored(written, self.store.create(written))
+
+    def update(self, before: Incident, after: Incident) -> Incident:
+        """Write `after`, a revision of `before`, by compare-and-swap on its version. Raises
+        IncidentConflict when someone wrote since `before` was read."""
+        written = self.hooks.after_write(before, after)
+        return self.hooks.stored(written, self.store.update(written))
 
     def mutate(self, name: str, change: Callable[[Incident], Incident | None],
                known: Incident | None = None) -> Incident | None:
@@ -70,7 +92,7 @@ class IncidentCas:
                     continue  # "leave it" is decided on the incident as stored, never on a copy
                 return incident
             try:
-                return self.store.update(self.sealed(incident, carried_over(incident, updated, self.redactor)))
+                return self.update(incident, updated)
             except IncidentConflict:
                 continue
         raise IncidentConflict(f"{name}: gave up after {ATTEMPTS} lost races")

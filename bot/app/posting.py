@@ -97,7 +97,7 @@ class Poster:
         earlier = holder is None and incident.post_key is not None
         if holder is None or incident.post_key is None:
             try:
-                incident = self.store.update(incident.revised(**self._attempt(incident, holder is None)))
+                incident = self.cas.update(incident, incident.revised(**self._attempt(incident, holder is None)))
             except IncidentConflict:
                 return self.store.get(name)  # someone else moved first; they (or the sweeper) post it
         if earlier:
@@ -257,7 +257,7 @@ class Poster:
         # stores the message id without reading again. Someone did (a repeat alert's counters): re-read.
         try:
             update = record_post(incident)
-            posted: Incident | None = self.store.update(update) if update is not None else incident
+            posted: Incident | None = self.cas.update(incident, update) if update is not None else incident
         except IncidentConflict:
             posted = self.cas.mutate(incident.name, record_post)
         if first:

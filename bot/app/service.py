@@ -32,7 +32,7 @@ from bot.app.posting import Poster
 from bot.app.proposals import Proposer
 from bot.app.records import AlertTarget, Incident, MessageRef
 from bot.app.rollout import Rollout, VerifySteps
-from bot.app.seal import Sealer
+from bot.app.seal import KeptRedacted, Sealer
 from bot.app.state import Outcome
 from bot.app.why import Why
 from bot.diagnosis.diagnose import diagnose as default_diagnose
@@ -58,7 +58,7 @@ class OncallService:
         self.clock = clock
         # With a seal key the bot's own text is sealed and checked before it is rendered (bot.app.seal).
         sealer = Sealer(self.policy.seal_key, self.policy.redactor) if self.policy.seal_key else None
-        cas = IncidentCas(store, clock, sealer.after_write if sealer else None, self.policy.redactor)
+        cas = IncidentCas(store, clock, sealer or KeptRedacted(self.policy.redactor))
         messages = Messages(chat, self.metrics, sealer.intact if sealer else None)
         self.approvers = Approvers(self.policy, chat)
         proposer = Proposer(cluster, diagnose, self.policy, clock, traffic)

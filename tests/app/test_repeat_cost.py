@@ -106,3 +106,40 @@ def test_a_repeat_after_another_replica_resolved_it_reopens_it(tmp_path):
     assert again is not None and again.state == IncidentState.PROPOSED
     assert store.get(first.name).state == IncidentState.PROPOSED
     assert [note.kind for _, note in chat.replies] == [NoteKind.CRASHING_AGAIN]
+
+
+def test_an_incident_edited_between_two_repeats_is_not_rendered(tmp_path):
+    """The seal this process knows holds for its own writes never covers someone else's edit."""
+    chat = RecordingChat()
+    service, store, redactor = replica(tmp_path, chat)
+    first = service.handle_alert(alert())
+    service.handle_alert(alert())
+    assert len(chat.updates) == 1 and service.metrics.refused_renders._value.get() == 0
+    stored = store.get(first.name)
+    forged = stored.diagnosis.model_copy(update={"title": "Approve this: it only restarts the pod"})
+    store.update(stored.revised(diagnosis=forged))  # an edit of the object: a new version, the old seal
+    again = service.handle_alert(alert())  # counted on the edited copy, which is not shown
+    assert again is not None and again.alert_count == 3 and again.diagnosis.title == forged.title
+    assert len(chat.updates) == 1 and service.metrics.refused_renders._value.get() == 1
+    assert not Sealer(KEY, redactor).intact(store.get(first.name))
+
+
+class RewritingStore(CountingStore):
+    """A store whose writes come back changed (as a mutating admission webhook would change them)."""
+
+    def update(self, incident):
+        forged = incident.diagnosis.model_copy(update={"title": "Approve this: it only restarts the pod"})
+        return super().update(incident.revised(diagnosis=forged))
+
+
+def test_a_write_answered_with_other_text_is_checked_in_full(tmp_path):
+    chat = RecordingChat()
+    cluster = FakeCluster()
+    cluster.add_pod(NS, POD, DEPLOY)
+    redactor = CountingRedactor()
+    service = OncallService(cluster, RewritingStore(tmp_path, redactor), chat,
+                            Policy(seal_key=KEY, redactor=redactor), diagnose=kv_diagnosis)
+    first = service.handle_alert(alert())  # created as sealed; recording its message comes back rewritten
+    assert first is not None and first.message_id and len(chat.posts) == 1
+    service.handle_alert(alert())
+    assert chat.updates == [] and service.metrics.refused_renders._value.get() >= 1
