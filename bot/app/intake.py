@@ -34,7 +34,7 @@ POD_LIMIT = 20  # pod names kept per incident: crash-looping pods get replaced o
 REMEMBERED = 4096  # pods and incident names this process remembers (bounded: an LRU)
 # Incidents this process remembers as it last wrote them, so a repeat writes its count without
 # reading first. Fewer: each may carry up to 112 KB of kept evidence.
-LATEST = 256
+LATEST = 128
 
 
 def crash_mark(pod: dict[str, Any], container: str | None) -> Hashable:

@@ -100,7 +100,12 @@ class WorkQueue:
         self.busy: set[str] = set()  # the fold keys of the items being worked on now
         self._next_fold = 0
         self._stopped = False
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
+        # Two conditions on the one lock, so each wakes only whom it concerns: one worker when
+        # there is an item to take (not every idle worker per alert: a herd of 16 threads woken to
+        # find nothing costs more CPU than the queue itself), and whoever waits for idleness.
+        self._ready_to_take = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(max(1, workers))]
         for thread in self._threads:
@@ -122,7 +127,8 @@ class WorkQueue:
                 item.targets[work.identity] = work.target
                 admission.counts[outcome] += 1
             self.peak_pending = max(self.peak_pending, self.pending_alerts)
-            self._lock.notify_all()
+            if admission.items:  # a new item may be ready (an alert folded into one changes no readiness)
+                self._ready_to_take.notify()
             return admission
 
     def _item_for(self, key: str, handle: Callable[[Any], Any], admission: Admission) -> tuple[WorkItem, str]:
@@ -149,7 +155,7 @@ class WorkQueue:
     def _work(self) -> None:
         while True:
             with self._lock:
-                self._lock.wait_for(lambda: self._stopped or self._ready() is not None)
+                self._ready_to_take.wait_for(lambda: self._stopped or self._ready() is not None)
                 if self._stopped:
                     return
                 item = self._ready()
@@ -161,24 +167,33 @@ class WorkQueue:
                 self.busy |= item.keys
                 self.pending_alerts -= len(item.targets)
                 self.running += 1
+                # One wakes the next: while items are ready, whoever takes one wakes one more worker
+                # (a worker finishing loops back and looks for itself).
+                if self._ready() is not None:
+                    self._ready_to_take.notify()
             try:
                 item.run()
             finally:
                 with self._lock:
                     self.running -= 1
-                    self.busy -= item.keys
-                    self._lock.notify_all()
+                    self.busy -= item.keys  # what this unblocks, this thread takes as it loops
+                    if self._is_idle():
+                        self._idle.notify_all()
+
+    def _is_idle(self) -> bool:
+        return not self.queue and not self.running
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         with self._lock:
-            return self._lock.wait_for(lambda: not self.queue and not self.running, timeout)
+            return self._idle.wait_for(self._is_idle, timeout)
 
     def shutdown(self) -> None:
         with self._lock:
             self._stopped = True
             self.queue.clear()
             self.by_key.clear()
-            self._lock.notify_all()
+            self._ready_to_take.notify_all()
+            self._idle.notify_all()
 
 
 class InlineExecutor:
