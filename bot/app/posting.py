@@ -32,6 +32,8 @@ from bot.app.metrics import Metrics
 from bot.app.policy import Policy
 from bot.app.ports import ChatPort, ChatUnavailable, IncidentConflict, IncidentStore
 from bot.app.records import Incident, Lease, MessageRef
+from bot.app.redaction import carried_over
+from bot.diagnosis.redact import DEFAULT, Redactor
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +47,16 @@ class NewPost:
     since: datetime  # no message with this key can be older
 
 
-def with_links(incident: Incident, templates: LinkTemplates) -> Incident:
+def with_links(incident: Incident, templates: LinkTemplates, redactor: Redactor = DEFAULT) -> Incident:
     """The incident as posted: with the operator's runbook and dashboard links for its cluster and
-    the `kubectl` commands that show its evidence (derived now, never stored)."""
+    the `kubectl` commands that show its evidence (derived now, never stored). Redacted as much as
+    `incident` is: the links are no text redaction rewrites, so the message does not redact it again."""
     d, p = incident.diagnosis, incident.proposal
     pod = (d.pod if d else None) or (incident.pods[-1] if incident.pods else None)
     container = (d.container if d else None) or (p.workload.container if p else None)
-    return incident.revised(links=incident_links(incident.cluster, incident.namespace, incident.workload,
-                                                 p.workload.kind if p else None, pod, container, templates))
+    return carried_over(incident, incident.revised(links=incident_links(
+        incident.cluster, incident.namespace, incident.workload, p.workload.kind if p else None, pod, container,
+        templates)), redactor)
 
 
 class Poster:
@@ -118,7 +122,8 @@ class Poster:
         """Post the incident's own message: top-level, or in its group's thread."""
         try:
             channel = incident.group.channel if incident.group is not None else incident.chat_channel
-            message = self.chat.post_incident(with_links(incident, self.policy.links), channel, thread=incident.group)
+            message = self.chat.post_incident(with_links(incident, self.policy.links, self.policy.redactor), channel,
+                                              thread=incident.group)
         except ChatUnavailable as exc:
             return self._post_failed(incident, exc, received_at)
         return self._posted(incident, message, received_at)

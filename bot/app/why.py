@@ -101,7 +101,7 @@ class Why:
         if not self.poster.messages.shown_as_sealed(existing):
             return existing, None  # edited outside the bot: not shown as the bot's own words
         try:
-            posted = self.chat.post_incident(with_links(existing, self.policy.links), channel)
+            posted = self.chat.post_incident(with_links(existing, self.policy.links, self.policy.redactor), channel)
         except ChatUnavailable as exc:
             log.warning("could not answer /vllm why in %s: %s", channel, exc)
             return existing, None

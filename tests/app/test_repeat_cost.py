@@ -12,6 +12,7 @@ from bot.app.service import OncallService, Policy
 from bot.app.state import IncidentState
 from bot.diagnosis.redact import Redactor
 from bot.local.store import FolderIncidentStore
+from bot.slack.blocks import incident_message
 
 NS, DEPLOY = "inference", "vllm-llama3-8b"
 POD = "vllm-llama3-8b-7d9f8c6b5-x2k4p"
@@ -69,6 +70,33 @@ def test_a_new_incident_is_redacted_once_and_stored_sealed(tmp_path):
     assert redactor.texts.count(EXPLANATION) == 1
     stored = store.get(incident.name)
     assert stored.text_seal and Sealer(KEY, redactor).intact(stored)
+
+
+class RenderingChat(RecordingChat):
+    """The recording chat, rendering each message as Slack's adapter does (with the redactor)."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__()
+        self.redactor = redactor
+
+    def post_incident(self, incident, channel=None, thread=None):
+        incident_message(incident, self.redactor)
+        return super().post_incident(incident, channel, thread)
+
+
+def test_a_message_is_rendered_without_redacting_the_incident_again(tmp_path):
+    cluster = FakeCluster()
+    cluster.add_pod(NS, POD, DEPLOY)
+    redactor = CountingRedactor()
+    chat = RenderingChat(redactor)
+    service = OncallService(cluster, FolderIncidentStore(tmp_path, redactor), chat,
+                            Policy(seal_key=KEY, redactor=redactor), diagnose=kv_diagnosis)
+    incident = service.handle_alert(alert())
+    assert incident is not None and chat.posts
+    created = incident.history[0]
+    # the creation line: redacted by the two writes that changed the history (created, posted),
+    # never by the rendering of the message (it takes the incident as written, links added)
+    assert sum(created in text for text in redactor.texts) == 2
 
 
 def test_a_repeat_writes_its_count_without_reading_or_redacting(tmp_path):
