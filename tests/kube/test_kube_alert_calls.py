@@ -59,7 +59,7 @@ CLUSTER_CALLS = {"get pods": 1, "get pods/log": 1, "get nodes": 1, "get replicas
 # The incident: created holding the post lease (the create is the check), the message's ts stored.
 INCIDENT_CALLS = {"create vllmincidents": 1, "patch vllmincidents": 1}
 MAX_CALLS_PER_NEW_ALERT = 8  # CLUSTER_CALLS + INCIDENT_CALLS (see the module docstring)
-MAX_CALLS_PER_REPEAT = 3  # the pod, the incident read + patch
+MAX_CALLS_PER_REPEAT = 2  # the pod, the incident's patch (from the copy this process last wrote)
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_a_repeat_alert_makes_no_dry_run_and_no_create(world):
     calls = kube.calls[before:]
     assert incident is not None and incident.alert_count == 2 and len(world["slack"].posts()) == 1
     assert not any(c.dry_run or c.verb == "create" for c in calls), breakdown(calls)
-    assert counted(calls) == {"get pods": 1, "get vllmincidents": 1, "patch vllmincidents": 1}, breakdown(calls)
+    assert counted(calls) == {"get pods": 1, "patch vllmincidents": 1}, breakdown(calls)
     assert len(calls) <= MAX_CALLS_PER_REPEAT, (
         f"{len(calls)} Kubernetes API calls for a repeat alert (at most {MAX_CALLS_PER_REPEAT}): {breakdown(calls)}")
 
