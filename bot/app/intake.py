@@ -153,9 +153,9 @@ class Intake:
                 self._latest.put(name, posted)
             return posted
         self._latest.put(name, incident)
-        # Only the count changed: folded with the other repeats' updates (one chat.update per
-        # incident per turn, rendered from the incident as it is then).
-        self.messages.refresh_folded(name, lambda: self.store.get(name), incident)
+        # Shown as just written. (Not folded with other repeats' updates: the flusher reads each
+        # folded incident again, a read per repeat more when they do not wait for a turn.)
+        self.messages.refresh(incident)
         return incident
 
     def open_or_update(self, target: AlertTarget, evidence: Evidence, channel: str | None,
