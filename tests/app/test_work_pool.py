@@ -96,3 +96,57 @@ def test_the_pool_runs_up_to_its_size_at_once():
         handler.gate.set()
         queue.shutdown()
     assert sorted(handler.finished) == ["a1", "b1", "c1", "d1"]
+
+
+class Gates:
+    """A handler holding each named alert until its gate opens; records what started."""
+
+    def __init__(self, held: set[str]):
+        self.gates = {name: threading.Event() for name in held}
+        self.lock = threading.Condition()
+        self.started: list[str] = []
+
+    def __call__(self, target: tuple[str, str]) -> None:
+        name = target[1]
+        with self.lock:
+            self.started.append(name)
+            self.lock.notify_all()
+        if name in self.gates:
+            assert self.gates[name].wait(BOUND)
+
+    def wait_started(self, *names: str) -> bool:
+        with self.lock:
+            return self.lock.wait_for(lambda: all(n in self.started for n in names), BOUND)
+
+    def release(self, *names: str) -> None:
+        for name in names:
+            self.gates[name].set()
+
+
+def test_an_item_that_frees_two_workloads_lets_two_waiting_items_run_at_once():
+    """Workers are woken one at a time (one per item to take, each waking the next): when a
+    finished item frees two workloads, both of their waiting items start, on two workers."""
+    queue = WorkQueue(workers=3, queue_size=2)
+    handler = Gates(held={"p1", "q1", "p2", "q2", "q3", "r2"})
+    try:
+        queue.submit([work("p", "p1")], handler)
+        queue.submit([work("q", "q1")], handler)
+        assert handler.wait_started("p1", "q1")
+        queue.submit([work("p", "p2")], handler)  # waits for p
+        queue.submit([work("q", "q2")], handler)  # waits for q; the queue is full
+        queue.submit([work("r", "r1")], handler)  # no room: shares q2's item, which now holds q and r
+        handler.release("p1")
+        assert handler.wait_started("p2")
+        handler.release("q1")
+        assert handler.wait_started("q2")  # q2's item runs, holding q and r
+        queue.submit([work("q", "q3")], handler)
+        queue.submit([work("r", "r2")], handler)
+        handler.release("q2")  # frees q and r at once
+        assert handler.wait_started("r1", "q3", "r2")
+        assert not handler.gates["p2"].is_set()  # p2 still holds the third worker
+    finally:
+        for gate in handler.gates.values():
+            gate.set()
+        assert queue.wait_idle(BOUND)
+        queue.shutdown()
+    assert handler.started.index("q2") < handler.started.index("q3")
