@@ -9,7 +9,6 @@ and the patch applied is re-derived from the live object (plan.exact_patch / pla
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from bot.app.records import Incident
@@ -17,6 +16,7 @@ from bot.diagnosis.models import DiagnosisResult, revised
 from bot.diagnosis.redact import DEFAULT, Redactor
 from bot.remedy.models import Proposal
 from bot.remedy.plan import redact_proposal
+from bot.support.marks import ObjectMarks
 
 # ---- redacted once --------------------------------------------------------------------------
 #
@@ -26,20 +26,17 @@ from bot.remedy.plan import redact_proposal
 # dropped with the object), never on its content: a record revised afterwards is a new object,
 # unmarked, and is redacted again. Nothing is serialised or compared to find out.
 
-_marks: dict[int, Redactor] = {}
+_marks: ObjectMarks[Redactor] = ObjectMarks()
 
 
 def mark_redacted(record: Any, redactor: Redactor) -> Any:
     """`record`, marked as `redactor`'s output (see above)."""
-    key = id(record)
-    if key not in _marks:
-        weakref.finalize(record, _marks.pop, key, None)  # before the id can be reused
-    _marks[key] = redactor
+    _marks.put(record, redactor)
     return record
 
 
 def redacted_by(record: Any, redactor: Redactor) -> bool:
-    return _marks.get(id(record)) is redactor
+    return _marks.get(record) is redactor
 
 
 def redacted_diagnosis(diagnosis: DiagnosisResult, redactor: Redactor = DEFAULT) -> DiagnosisResult:

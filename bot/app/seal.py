@@ -20,12 +20,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import weakref
 from typing import Any
 
 from bot.app.records import Incident
 from bot.app.redaction import carried_over, mark_redacted, redacted_incident
 from bot.diagnosis.redact import DEFAULT, Redactor
+from bot.support.marks import ObjectMarks
 
 SEALED_FIELDS = ("cluster", "namespace", "workload", "cause", "diagnosis", "proposal")
 SEALED_OBJECTS = ("diagnosis", "proposal")  # the records among them (the others are plain strings)
@@ -62,17 +62,14 @@ class Sealer(KeptRedacted):
     def __init__(self, key: bytes, redactor: Redactor = DEFAULT):
         super().__init__(redactor)
         self.key = key
-        self._held: dict[int, str] = {}  # id(incident) -> the seal known to hold for its text
+        self._held: ObjectMarks[str] = ObjectMarks()  # incident -> the seal known to hold for its text
 
     def _hold(self, incident: Incident) -> Incident:
-        key = id(incident)
-        if key not in self._held:
-            weakref.finalize(incident, self._held.pop, key, None)  # before the id can be reused
-        self._held[key] = incident.text_seal or ""
+        self._held.put(incident, incident.text_seal or "")
         return incident
 
     def _holds(self, incident: Incident) -> bool:
-        return bool(incident.text_seal) and self._held.get(id(incident)) == incident.text_seal
+        return bool(incident.text_seal) and self._held.get(incident) == incident.text_seal
 
     def _digest(self, incident: Incident) -> str:
         return self._digest_of_shown(redacted_incident(incident, self.redactor))  # as the store keeps it: idempotent

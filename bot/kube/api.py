@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
@@ -137,7 +136,6 @@ def patch_bounds(within_seconds: float, request_timeout: float = 30.0) -> tuple[
 ACCEPT_JSON = {"Accept": "application/json"}
 AUTH_SETTINGS = ["BearerToken"]
 Query = list[tuple[str, str | int | bool]]
-UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")  # the characters quote() never escapes, whatever `safe` says
 
 
 def list_query(label_selector: str | None = None, field_selector: str | None = None,
@@ -180,13 +178,10 @@ class KubeApi:
         parts = [*api, *(["namespaces", namespace] if namespace is not None else []), resource]
         parts += [part for part in (name, subresource) if part is not None]
         safe = self.api_client.configuration.safe_chars_for_path_param
-        quoted = []
         for part in parts:
             if not isinstance(part, str):  # a forged object's name, say; never sent
                 raise ValueError(f"a Kubernetes API path part must be a string, not {type(part).__name__}: {part!r}")
-            # a Kubernetes name is nearly always one quote() leaves as it is: no need to ask it
-            quoted.append(part if UNRESERVED.fullmatch(part) else quote(part, safe=safe))
-        return "/" + "/".join(quoted)
+        return "/" + "/".join(quote(part, safe=safe) for part in parts)
 
     def _send(self, method: str, path: str, query: Query, body: Any, content_type: str | None,
               timeout: float) -> bytes:

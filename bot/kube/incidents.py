@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple
+from typing import Any
 
 from bot.app.incidents import (
     GROUP,
@@ -41,21 +41,9 @@ def to_custom_object(incident: Incident, redactor: Redactor = DEFAULT) -> dict[s
     """The VLLMIncident object. The top-level spec fields state/cause/approver/change are what
     `kubectl get vllmincidents` prints; `record` is the full incident, redacted (see
     bot.app.redaction: secrets never go into the object, the apply path re-derives them)."""
-    return written_for(incident, redactor).obj
-
-
-class Written(NamedTuple):
-    """What a write sends: the VLLMIncident object, and its spec.record before JSON encoding."""
-
-    obj: dict[str, Any]
-    record: dict[str, Any]
-
-
-def written_for(incident: Incident, redactor: Redactor = DEFAULT) -> Written:
-    """What a write of `incident` sends (to_custom_object), with the record it encodes."""
     incident = redacted_incident(incident, redactor)
     record = to_record(incident)
-    return Written({
+    return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
         "metadata": {
@@ -72,20 +60,13 @@ def written_for(incident: Incident, redactor: Redactor = DEFAULT) -> Written:
             "change": change_summary(incident),
             "record": json.dumps(record, separators=(",", ":")),
         },
-    }, record)
+    }
 
 
-def from_custom_object(obj: dict[str, Any], written: Written | None = None) -> Incident:
-    """The incident in a VLLMIncident object. `written`: the object this bot just sent, with its
-    record before encoding (written_for); when the server's answer carries that same record, parsing
-    it would give that record back (it holds JSON types only: model_dump(mode="json")), so it is
-    not parsed again. It is validated all the same: what is read is typed as any read."""
+def from_custom_object(obj: dict[str, Any]) -> Incident:
     meta = obj.get("metadata") or {}
-    stored = (obj.get("spec") or {})["record"]
-    record = written.record if written is not None and stored == written.obj["spec"]["record"] else json.loads(stored)
-    fields = from_record(record)
-    fields["name"], fields["version"] = meta["name"], meta.get("resourceVersion")
-    return Incident.model_validate(fields)
+    record = from_record(json.loads((obj.get("spec") or {})["record"]))
+    return Incident.model_validate({**record, "name": meta["name"], "version": meta.get("resourceVersion")})
 
 
 class KubeIncidentStore:
@@ -113,18 +94,16 @@ class KubeIncidentStore:
 
         return cls(KubeApi(api_client_from_environment(context)), namespace)
 
-    def _read(self, obj: dict[str, Any], written: Written | None = None) -> Incident:
-        """The incident as this store wrote it: redacted by its redactor, so marked as such.
-        `written`: what the write that answered `obj` sent (from_custom_object)."""
-        return marked_as_stored(from_custom_object(obj, written), self.redactor)
+    def _read(self, obj: dict[str, Any]) -> Incident:
+        """The incident as this store wrote it: redacted by its redactor, so marked as such."""
+        return marked_as_stored(from_custom_object(obj), self.redactor)
 
     def create(self, incident: Incident) -> Incident:
-        written = written_for(incident, self.redactor)
         try:
-            obj = self.api.create_custom(GROUP, VERSION, self.namespace, PLURAL, written.obj)
+            obj = self.api.create_custom(GROUP, VERSION, self.namespace, PLURAL, to_custom_object(incident, self.redactor))
         except KubeConflict:  # 409 AlreadyExists
             raise IncidentExists(incident.name) from None
-        return self._read(obj, written)
+        return self._read(obj)
 
     def get(self, name: str) -> Incident | None:
         try:
@@ -136,14 +115,14 @@ class KubeIncidentStore:
     def update(self, incident: Incident) -> Incident:
         if not incident.version:
             raise IncidentConflict(f"{incident.name}: no resourceVersion to compare against")
-        written = written_for(incident, self.redactor)
-        patch = {"metadata": {"resourceVersion": incident.version, "labels": written.obj["metadata"]["labels"]},
-                 "spec": written.obj["spec"]}
+        body = to_custom_object(incident, self.redactor)
+        patch = {"metadata": {"resourceVersion": incident.version, "labels": body["metadata"]["labels"]},
+                 "spec": body["spec"]}
         try:
             obj = self.api.patch_custom(GROUP, VERSION, self.namespace, PLURAL, incident.name, patch)
         except (KubeNotFound, KubeConflict) as exc:
             raise IncidentConflict(f"{incident.name}: {exc.reason}") from None
-        return self._read(obj, written)
+        return self._read(obj)
 
     def list(self, **labels: str) -> list[Incident]:
         selector = ",".join(f"{LABEL_PREFIX}{k}={selector_value(k, v)}" for k, v in labels.items())

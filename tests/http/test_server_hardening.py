@@ -14,7 +14,6 @@ import urllib.request
 
 import pytest
 from fakes import FakeCluster, kv_diagnosis
-from slackapi import SlackStandIn
 
 from bot.app.service import OncallService, Policy
 from bot.app.work import WorkQueue
@@ -40,13 +39,6 @@ def alert(pod: str, status: str = "firing") -> dict:
 
 def batch(alerts: list[dict]) -> bytes:
     return json.dumps({"version": "4", "status": "firing", "receiver": "vllm-oncall", "alerts": alerts}).encode()
-
-
-@pytest.fixture
-def slack():
-    standin = SlackStandIn().start()
-    yield standin
-    standin.stop()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import threading
 
 import pytest
 from fakes import FakeCluster, kv_diagnosis
-from slackapi import RateLimit, SlackStandIn, VirtualClock
+from slackapi import RateLimit, VirtualClock
 from standin_http import bound
 from test_server_hardening import TOKEN, batch, request
 
@@ -84,16 +84,9 @@ class HeldFirstPost:
 
 
 @pytest.fixture
-def clock():
-    return VirtualClock()
-
-
-@pytest.fixture
-def slack(clock):
-    standin = SlackStandIn().start()
-    standin.rate = RateLimit(clock.now)
-    yield standin
-    standin.stop()
+def slack(slack, clock):
+    slack.rate = RateLimit(clock.now)  # Slack's rate, on the virtual clock the bot's pacing waits on
+    return slack
 
 
 @pytest.fixture

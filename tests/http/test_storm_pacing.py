@@ -20,7 +20,7 @@ import threading
 
 import pytest
 from fakes import FakeCluster, kv_diagnosis
-from slackapi import RateLimit, SlackStandIn, VirtualClock
+from slackapi import RateLimit
 from test_server_hardening import NS, TOKEN, alert, batch, pod_name, request
 
 from bot.app.metrics import Metrics
@@ -41,16 +41,9 @@ SETTINGS = {"VLLM_ONCALL_CLUSTER": "storm", "SLACK_BOT_TOKEN": "xoxb-storm", "SL
 
 
 @pytest.fixture
-def clock():
-    return VirtualClock()
-
-
-@pytest.fixture
-def slack(clock):
-    standin = SlackStandIn().start()
-    standin.rate = RateLimit(clock.now)
-    yield standin
-    standin.stop()
+def slack(slack, clock):
+    slack.rate = RateLimit(clock.now)  # Slack's rate, on the virtual clock the bot's pacing waits on
+    return slack
 
 
 @pytest.fixture

@@ -3,13 +3,15 @@ stand-in. A test module that needs more (group members, faults) overrides it by 
 `def slack(slack): slack.group_members[...] = ...; return slack`. The `socket_mode` fixture: a
 started Socket Mode endpoint whose URLs the `slack` stand-in hands out (apps.connections.open);
 no ack time-out of its own (a test expires an ack with expire_ack) and a short keepalive, so a
-test of re-delivery or reconnection takes a second, not a minute, and no wall-time race decides it."""
+test of re-delivery or reconnection takes a second, not a minute, and no wall-time race decides it.
+The `clock` fixture: a VirtualClock, for tests that apply Slack's rate (`slack.rate = RateLimit(clock.now)`)
+and pace the bot on it."""
 
 from __future__ import annotations
 
 import pytest
 
-from slackapi import SlackStandIn
+from slackapi import SlackStandIn, VirtualClock
 from slackapi.socketmode import SocketModeStandIn
 
 
@@ -18,6 +20,11 @@ def slack():
     standin = SlackStandIn().start()
     yield standin
     standin.stop()
+
+
+@pytest.fixture
+def clock():
+    return VirtualClock()
 
 
 @pytest.fixture
