@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import re
 from enum import StrEnum
-from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -37,6 +36,7 @@ from bot.diagnosis.catalogue import (
     quant_from_flag,
 )
 from bot.diagnosis.gpus import GpuGrant
+from bot.support.memo import kept_for_short_texts
 
 GIB = 2**30
 BLOCK = 16
@@ -181,19 +181,13 @@ class Fit(Frozen):
 
 
 def version_tuple(text: str | None) -> tuple[int, int, int] | None:
-    # asked twice for every configuration a diagnosis judges (issue 20): a short text's answer is
-    # kept (a version out of a forged log can be long: it is worked out each time, never kept)
-    text = text or ""
-    return _known_version_tuple(text) if len(text) <= _KEPT_VERSION_CHARS else _version_tuple(text)
+    return _version_tuple(text or "")
 
 
+@kept_for_short_texts(max_chars=40, maxsize=256)  # asked twice for every configuration a diagnosis judges
 def _version_tuple(text: str) -> tuple[int, int, int] | None:
     m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
-
-
-_KEPT_VERSION_CHARS = 40
-_known_version_tuple = lru_cache(maxsize=256)(_version_tuple)
 
 
 def rules_for(version: str | None, engine: Literal["v0", "v1"] | None = None,

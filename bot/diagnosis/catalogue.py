@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bot.diagnosis.models import revised
 from bot.support import yamlload
+from bot.support.memo import kept_for_short_texts
 
 SpecSource = Literal["catalogue", "bundle config.json", "hub"]
 HubLookup = Callable[[str], dict[str, Any] | None]
@@ -359,11 +360,10 @@ def match_model(model_arg: str | None) -> ModelSpec | None:
     bnb-4bit, ...) replaces the catalogue's native one."""
     if not model_arg:
         return None
-    # ~150 patterns tried on every alert's model name (issue 20): a short name's answer (a frozen
-    # spec) is kept; a long one, which only a forged manifest has, is matched each time
-    return _known_match(model_arg) if len(model_arg) <= _KEPT_NAME_CHARS else _match(model_arg)
+    return _match(model_arg)
 
 
+@kept_for_short_texts(max_chars=200, maxsize=256)  # ~150 patterns tried on every alert's model name
 def _match(model_arg: str) -> ModelSpec | None:
     text = normalise(model_arg)
     best: tuple[int, str, CatalogueEntry] | None = None
@@ -379,10 +379,6 @@ def _match(model_arg: str) -> ModelSpec | None:
     if named is not None and (spec.quantization is None or named.method != spec.quantization.method):
         update["quantization"] = named
     return revised(spec, **update)
-
-
-_KEPT_NAME_CHARS = 200
-_known_match = lru_cache(maxsize=256)(_match)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

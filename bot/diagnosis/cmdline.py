@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from bot.diagnosis.models import Change
+from bot.support.memo import kept_for_short_texts
 
 SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/bash", "/usr/bin/sh", "dash", "/bin/dash", "zsh"}
 
@@ -59,33 +59,21 @@ SHORT_ALIASES, LONG_ALIASES = _aliases()
 SHORT_ALIASES.setdefault("-O", "--compilation-config")
 
 
+# A diagnosis asks ~150 times about the same few flags (issue 20): short flags' answers are kept.
+@kept_for_short_texts(max_chars=80, maxsize=1024)
 def canonical(flag: str) -> str:
     """`--max_model_len` -> `--max-model-len`; only the part before a `.` (vLLM >= 0.9.1)."""
-    return _known_canonical(flag) if len(flag) <= _CACHED_FLAG_CHARS else _canonical(flag)
-
-
-def primary(flag: str) -> str:
-    """The flag an alias spells: `--device-memory-utilization` -> `--gpu-memory-utilization`."""
-    return _known_primary(flag) if len(flag) <= _CACHED_FLAG_CHARS else _primary(flag)
-
-
-def _canonical(flag: str) -> str:
     if not flag.startswith("--"):
         return flag
     head, dot, rest = flag[2:].partition(".")
     return "--" + head.replace("_", "-") + dot + rest
 
 
-def _primary(flag: str) -> str:
+@kept_for_short_texts(max_chars=80, maxsize=1024)
+def primary(flag: str) -> str:
+    """The flag an alias spells: `--device-memory-utilization` -> `--gpu-memory-utilization`."""
     name = canonical(flag)
     return LONG_ALIASES.get(name, SHORT_ALIASES.get(name, name))
-
-
-# A diagnosis asks ~150 times about the same few flags (issue 20): the answers for short flags are
-# kept (a flag of a forged manifest can be long: it is worked out each time, never kept).
-_CACHED_FLAG_CHARS = 80
-_known_canonical = lru_cache(maxsize=1024)(_canonical)
-_known_primary = lru_cache(maxsize=1024)(_primary)
 
 
 def same_flag(a: str, b: str) -> bool:

@@ -23,6 +23,8 @@ from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
+from bot.support.memo import kept_for_short_texts
+
 TABLE_FILE = Path(__file__).with_name("data") / "vllm_flag_history.yaml"  # the reviewed source
 TABLE_JSON = TABLE_FILE.with_suffix(".json")  # the same document, cheap to parse: what is read
 
@@ -30,22 +32,14 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post(\d+))?
 _IMAGE_TAG = re.compile(r"^v?\d+\.\d+(?:\.\d+)*(?:\.?post\d+)?(?:rc\d+)?(?:[-+_][\w.-]*)?$")
 
 
+# Each diagnosis keys the same ~150 releases of the flag table (issue 20): short texts' keys are kept.
+@kept_for_short_texts(max_chars=40, maxsize=1024)
 def version_key(text: str) -> tuple[int, ...] | None:
     """'0.10.1.1' -> (0, 10, 1, 1, 0); 'v0.6.6.post1' -> (0, 6, 6, 0, 1); None when not a version."""
-    return _known_version_key(text) if len(text) <= _CACHED_VERSION_CHARS else _version_key(text)
-
-
-def _version_key(text: str) -> tuple[int, ...] | None:
     m = _VERSION.match(text.strip())
     if not m:
         return None
     return tuple(int(g) if g else 0 for g in m.groups())
-
-
-# Each diagnosis keys the same ~150 releases of the flag table (issue 20): short texts' keys are
-# kept (a version out of a forged log can be long: it is worked out each time, never kept).
-_CACHED_VERSION_CHARS = 40
-_known_version_key = lru_cache(maxsize=1024)(_version_key)
 
 
 def version_of_image(image: str) -> str | None:

@@ -42,7 +42,6 @@ BUTTON_TEXT_MAX, BUTTON_VALUE_MAX, ACTION_ID_MAX = 75, 2000, 255
 CONFIRM_TITLE_LIMIT, CONFIRM_TEXT_LIMIT, CONFIRM_BUTTON_MAX = 100, 300, 30  # a confirm dialog's title, text, buttons
 BUTTON_STYLES = ("primary", "danger")  # or no style: the default, harmless look
 SECTION_LIMIT = SECTION_TEXT_MAX - 100  # what we fit a section's text to: a margin below Slack's 3000
-FIELD_LIMIT = FIELD_TEXT_MAX
 TRUNCATED = "\n… (truncated)"
 S = IncidentState
 STATE_LINES: dict[IncidentState, str] = {
@@ -118,7 +117,7 @@ def _fields_section(fields: list[dict[str, Any]]) -> Block:
 
 
 def _field(label: str, value: str) -> dict[str, Any]:
-    return _mrkdwn(f"*{label}*\n{value}", FIELD_LIMIT)
+    return _mrkdwn(f"*{label}*\n{value}", FIELD_TEXT_MAX)
 
 
 def _header(title: str, emoji: bool) -> Block:

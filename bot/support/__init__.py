@@ -1,5 +1,6 @@
 """Cross-cutting helpers every layer may import: the one retry policy (`retrying.py`), YAML parsed
-by libyaml (`yamlload.py`), a mark on an object by identity (`marks.py`).
+by libyaml (`yamlload.py`), a mark on an object by identity (`marks.py`), answers kept for
+short texts (`memo.py`).
 
 Nothing here knows the pipeline: it imports no other bot package (a contract in pyproject.toml
 says so), so the pure core, the use cases and the adapters can all use it without an arrow
