@@ -38,6 +38,10 @@ CORE, APPS = ("api", "v1"), ("apis", "apps", "v1")  # where the core and apps/v1
 # kind -> its resource in apps/v1 (in paths, messages and RBAC)
 WORKLOAD_RESOURCES = {"Deployment": "deployments", "StatefulSet": "statefulsets", "ReplicaSet": "replicasets"}
 JSON_PATCH = "application/json-patch+json"
+# Connections kept open to the API server: at least one per thread that may call at once (up to
+# 64 alert workers, VLLM_ONCALL_WORKERS; 8 HTTP handler threads; 2 rollout follow-ups; the sweep and
+# the readiness check). Only what is used is ever opened.
+POOL_CONNECTIONS = 80
 PAGE_SIZE = 500  # items per list page (limit/continue), as kubectl asks
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -69,6 +73,10 @@ def api_client_without_its_own_retries(cfg: client.Configuration) -> client.ApiC
     # Service in its namespace). The host is always the same one, so is its proxy: resolved
     # once, here, from the configuration as loaded (an explicit proxy-url stays as it is).
     cfg.proxy = cfg.proxy
+    # The client keeps cpu_count * 5 connections (10 on 2 cores): with more threads calling at once
+    # (16 alert workers by default), each call past the pool opened a connection of its own (a TCP,
+    # in production a TLS, handshake) and closed it after one request, with a WARNING line each.
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, POOL_CONNECTIONS)
     return client.ApiClient(cfg)
 
 
