@@ -39,10 +39,27 @@ answers /alerts once the alert is queued. So:
   one at a time, at each saturation level's concurrency, and on the same offered schedule (its
   latency from when each alert was due). What no bot on these stand-ins can beat.
 
+- CPU by thread: each run also prints the bot's CPU over the levels (one at a time to the 5 MB
+  log) by thread name, from /proc and `py-spy dump` (the names; "?" without py-spy): the alert
+  workers, the HTTP server's event loop (`http`) and its handler threads (`http-*`), the sweeper,
+  and the threads that ended meanwhile (each incident's details reply runs on a thread of its own).
+
 Run: python benchmarks/bench_scale.py [--runs 3] [--levels 10,50] [--offered 40] [--burst 250]
 BENCH_PROFILE=FILE also records a py-spy profile of the bot (only the thread holding the GIL: where
-the CPU goes). The machine is shared: the load average is printed, and the ratios to the floor
-are the figures to compare across machines.
+the CPU goes); with BENCH_PROFILE_THREADS=1 every running thread instead, each stack under its
+thread's name (where the process's CPU goes, the HTTP server's and the details replies' included).
+The machine is shared: the load average is printed, and the ratios to the floor are the figures
+to compare across machines; to compare two trees, interleave single runs (A B A B ...) and read
+medians: CPU per alert is steadier than the rates and latencies.
+
+Measured 2026-12-03 (newfast branch), per-thread breakdown of one run at load average 0.4-2.4: of
+the bot's CPU over the levels, the alert workers 87%, the details replies' threads 8%, the HTTP
+server 4% (event loop 0.31 s, handler threads 0.07 s for ~830 requests), the sweeper ~0; so the
+process costs little beyond its workers (one at a time: 12.8 ms per new alert for the process,
+11.9 ms for the worker thread alone in bench_cpu_alert.py at the same time). The worker's CPU is
+the diagnosis, redaction and the incident record (~45%) and the client side of 8 Kubernetes and
+2 Slack calls (~25%: urllib3 and http.client, header parsing by the email package, a new TCP
+connection per Slack call).
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import statistics
@@ -131,8 +149,12 @@ class BotProcess:
         # call or a hash would otherwise show as time in that call).
         if os.environ.get("BENCH_PROFILE"):
             spy = Path(sys.executable).with_name("py-spy")  # the venv's, else the PATH's
-            self.spy = subprocess.Popen([str(spy) if spy.exists() else "py-spy", "record", "-p", str(self.proc.pid), "-r", "100", "-f", "raw", "--gil",
-                                         "--nonblocking", "-o", os.environ["BENCH_PROFILE"]],
+            # BENCH_PROFILE_THREADS=1: every thread that is running, each stack under its thread (the
+            # webhook's server, the workers, the sweep...): where the process's CPU goes, not only the GIL's.
+            which = ["--threads"] if os.environ.get("BENCH_PROFILE_THREADS") else ["--gil"]
+            self.spy = subprocess.Popen([str(spy) if spy.exists() else "py-spy", "record", "-p", str(self.proc.pid),
+                                         "-r", "100", "-f", "raw", *which, "--nonblocking",
+                                         "-o", os.environ["BENCH_PROFILE"]],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -148,6 +170,32 @@ class BotProcess:
     def cpu(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def thread_cpu(self) -> dict[int, float]:
+        """CPU seconds (user + system) of each of the bot's live threads, by native thread id."""
+        out = {}
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return out
+
+    def thread_names(self) -> dict[int, str]:
+        """Native thread id -> Python thread name, from `py-spy dump` (empty without py-spy): Python
+        3.11 does not name its threads for the OS, so /proc shows them all as `python`."""
+        spy = Path(sys.executable).with_name("py-spy")
+        for _ in range(5):  # a dump without pausing the bot can catch a thread mid-change: try again
+            try:
+                dump = subprocess.run([str(spy) if spy.exists() else "py-spy", "dump", "-p", str(self.proc.pid),
+                                       "--nonblocking"], capture_output=True, text=True, timeout=60).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return {}
+            names = {int(tid): name for tid, name in re.findall(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump, re.M)}
+            if names:
+                return names
+        return {}
 
     def rss_mib(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -427,6 +475,7 @@ def alerts_run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         if posts.wait("vllm-warm-up") is None:
             raise SystemExit("no message for the warm-up alert")
         k0, s0 = len(kube.calls), len(slack.calls)
+        threads0, process0 = bot.thread_cpu(), bot.cpu()
         out["idle"] = one_at_a_time(bot, posts, idle)
         n = len(idle)  # the requests of one new alert, for the floor
         kube_calls, slack_calls = kube.calls[k0:], slack.calls[s0:]
@@ -446,6 +495,7 @@ def alerts_run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 raise SystemExit(f"no message for {workload}")
             cpu.append(bot.cpu() - c0)
         out["big_cpu"] = statistics.median(cpu)
+        out["threads"] = by_thread(threads0, bot.thread_cpu(), bot.thread_names(), bot.cpu() - process0)
         out["floor"]["idle"] = replay.run(n, 1)
         for c in levels:
             out["floor"][c] = replay.run(sizes[c], c)
@@ -456,6 +506,19 @@ def alerts_run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         slack.stop()
         kube.stop()
     return out
+
+
+def by_thread(before: dict[int, float], after: dict[int, float], names: dict[int, str],
+              process: float) -> dict[str, float]:
+    """The bot's CPU seconds between two thread_cpu() snapshots, by thread name with its number
+    dropped (alert-0..alert-15 -> alert-*); threads that ended meanwhile (a Slack details reply's)
+    are the process's CPU less the live threads'."""
+    out: Counter[str] = Counter()
+    for tid, seconds in after.items():
+        name = re.sub(r"[-_]\d+$", "-*", names.get(tid, "?"))
+        out[name] += seconds - before.get(tid, 0.0)
+    out["(ended threads)"] = process - sum(out.values())
+    return dict(out)
 
 
 class NamedPosts(Posts):
@@ -556,6 +619,9 @@ def main() -> int:
                   f"{r['offered']['p50'] * 1000:.0f} ms p99 {r['offered']['p99'] * 1000:.0f} ms; repeat cpu "
                   f"{r['repeat_cpu'] * 1000:.1f} ms; 5 MB cpu {r['big_cpu'] * 1000:.0f} ms; load "
                   f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+            print(f"run {run + 1}: CPU by thread over the levels: " + ", ".join(
+                f"{name} {seconds:.2f} s" for name, seconds in sorted(r["threads"].items(), key=lambda kv: -kv[1])),
+                file=sys.stderr, flush=True)
         if args.burst:
             with tempfile.TemporaryDirectory(prefix="bench-burst-") as tmp:
                 bursts.append(burst_run(args.burst, args.burst_pods, args.workers, Path(tmp)))
