@@ -153,18 +153,27 @@ def requests_gpu(pod: dict[str, Any]) -> str | None:
     return str(total) if total else None
 
 
-def read_node(api: KubeApi, node_name: str, namespace: str, pod_name: str) -> tuple[dict | None, list]:
-    """The Node, or None and a note saying why it could not be read."""
+def read_node(api: KubeApi, node_name: str, namespace: str, pod_name: str,
+              whole: bool = False) -> tuple[dict | None, list]:
+    """The Node, or None and a note saying why it could not be read. Without `whole`, its
+    status.images is left out: the list of every image pulled on the node (up to 50, each with its
+    names and digests: 10-20 KB on a GPU node) is read by nothing, yet went with the evidence into
+    each incident, redacted, sealed, written and read back with every write. A ticket bundle
+    (`whole`) keeps the node as `kubectl get node -o yaml` prints it."""
     try:
-        return api.get_node(node_name), []
+        node = api.get_node(node_name)
     except KubeError as exc:
         # Node access is cluster-scoped; a namespace-only install may lack it. Diagnose without it.
         return None, [note(f"node {node_name} could not be read: {exc}", namespace, pod_name)]
+    status = node.get("status") if isinstance(node, dict) else None
+    if not whole and isinstance(status, dict):
+        status.pop("images", None)
+    return node, []
 
 
 def node_with_gpu_pods(api: KubeApi, node_name: str, namespace: str, pod_name: str) -> tuple[dict | None, list]:
-    """The Node, annotated with the other GPU pods on it; notes for what could not be read."""
-    node, notes = read_node(api, node_name, namespace, pod_name)
+    """The Node, whole, annotated with the other GPU pods on it; notes for what could not be read."""
+    node, notes = read_node(api, node_name, namespace, pod_name, whole=True)
     if node is None:
         return None, notes
     try:

@@ -209,6 +209,36 @@ def test_an_alerts_collect_does_not_list_the_gpu_pods_on_the_node(kube_api, clus
     assert not [c for c in kube_api.calls if c.verb == "list" and c.resource == "pods"]
 
 
+def _with_images(node: dict, count: int = 50) -> dict:
+    """The node as a GPU node's kubelet reports it: every image pulled on it (at most 50), 10-20 KB."""
+    node["status"]["images"] = [{"names": [f"nvcr.io/nvidia/image-{i}@sha256:{i:064x}", f"nvcr.io/nvidia/image-{i}:v{i}"],
+                                 "sizeBytes": 1_000_000_000 + i} for i in range(count)]
+    return node
+
+
+def test_an_alerts_evidence_leaves_out_the_images_on_the_node_and_diagnoses_the_same(kube_api, cluster):
+    from pathlib import Path
+
+    from bot.diagnosis.diagnose import diagnose
+
+    log = (Path(__file__).resolve().parents[2] / "examples" / "incident" / "bundle" / "previous.log").read_text()
+    _, pod = crashing_deployment(kube_api, containers=[container(
+        command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
+        args=["--max-model-len", "32768", "--gpu-memory-utilization", "0.9"])], previous_log=log)
+    name = pod["metadata"]["name"]
+    without = cluster.collect(NS, name)
+    kube_api.edit("Node", "gpu-node-1", "", _with_images)
+    served = kube_api.get("Node", "gpu-node-1")
+
+    evidence = cluster.collect(NS, name)
+    assert "images" not in evidence.node["status"]
+    kept = {k: v for k, v in served["status"].items() if k != "images"}
+    assert evidence.node == {**served, "status": kept}  # all else as the server sent it
+    assert diagnose(evidence).model_dump() == diagnose(without).model_dump()
+    ticket = cluster.collect(NS, name, gpu_pods=True)  # `vllm-oncall collect`: as kubectl prints the node
+    assert ticket.node["status"]["images"] == served["status"]["images"]
+
+
 def test_an_ordinary_error_exit_reads_no_events(kube_api, cluster):
     # exit 1, reason Error: the application raised and its log says why; the events (here a
     # liveness kill's, to prove they are not read) cannot change the diagnosis.
