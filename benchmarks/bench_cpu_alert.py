@@ -13,7 +13,6 @@ Run: python benchmarks/bench_cpu_alert.py [--alerts 40] [--runs 5]
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import statistics
@@ -31,6 +30,7 @@ import bench_scale as scale  # noqa: E402
 from builders import kubeconfig_for  # noqa: E402
 
 from bot.app.records import AlertTarget  # noqa: E402
+from bot.cli.serve import settle_for_serving  # noqa: E402
 from bot.cli.settings import load_settings  # noqa: E402
 from bot.cli.wiring import build  # noqa: E402
 
@@ -48,8 +48,7 @@ def one_run(alerts: int) -> tuple[float, float, float]:
                "VLLM_ONCALL_SLACK_POST_INTERVAL": "0", "VLLM_ONCALL_SLACK_UPDATE_INTERVAL": "0",
                "VLLM_ONCALL_LISTEN": "127.0.0.1:0"}
         service = build(load_settings(env)).clusters[0].service
-        gc.collect()  # as serve does once wired (bot/cli/serve.py): the start-up heap frozen
-        gc.freeze()
+        settle_for_serving()  # as serve does once wired: the start-up heap frozen, the GIL's switch interval
         pods = [scale.crashing(kube, f"vllm-cpu-{i:03d}") for i in range(alerts + 3)]
 
         def alert(pod: str) -> float:

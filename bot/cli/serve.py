@@ -182,12 +182,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"vllm-oncall serve: {exc}", file=sys.stderr)
         return 2
     logging.getLogger(__name__).info("starting vllm-oncall %s: %s", version(), _summary(settings))
-    # Everything built so far (modules, the Kubernetes client's classes, playbooks, compiled
-    # patterns) lives as long as the process: move it out of the collector's reach, so a full
-    # collection walks only what the work allocates (each one had walked the whole start-up heap:
-    # 0.1-0.3 s, 2-4 ms per alert at 40 alerts/s; see README "Speed at scale").
-    gc.collect()
-    gc.freeze()
+    settle_for_serving()
     # Kubernetes stops pods with SIGTERM: finish cleanly (the incidents are in the store anyway).
     signal.signal(signal.SIGTERM, lambda *_: app.server.request_stop())
     if app.socket_handler is not None:
@@ -196,6 +191,25 @@ def run_serve(args: argparse.Namespace) -> int:
     if app.socket_handler is not None:
         app.socket_handler.close()
     return 0
+
+
+# How long a thread may keep the GIL while another waits for it (CPython's default: 5 ms). The alert
+# workers (16 by default) give it up at every Kubernetes and Slack call anyway; the forced hand-overs
+# fall inside their CPU-bound stretches (the diagnosis, the incident's record), each a switch among
+# many waiting threads, and on a busy machine a hand-over to a thread the OS has not run yet stalls
+# them all. Against 5 ms, in interleaved runs of benchmarks/bench_scale.py (see its docstring).
+GIL_SWITCH_SECONDS = 0.01
+
+
+def settle_for_serving() -> None:
+    """Once `serve` is wired, before it takes work: everything built so far (modules, the Kubernetes
+    client's classes, playbooks, compiled patterns) lives as long as the process, so it is moved
+    out of the collector's reach and a full collection walks only what the work allocates (each one
+    had walked the whole start-up heap: 0.1-0.3 s, 2-4 ms per alert at 40 alerts/s; see README
+    "Speed at scale"); and threads keep the GIL for GIL_SWITCH_SECONDS."""
+    gc.collect()
+    gc.freeze()
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
 
 
 def _overrides(args: argparse.Namespace) -> dict:
