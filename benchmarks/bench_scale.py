@@ -60,6 +60,19 @@ process costs little beyond its workers (one at a time: 12.8 ms per new alert fo
 the diagnosis, redaction and the incident record (~45%) and the client side of 8 Kubernetes and
 2 Slack calls (~25%: urllib3 and http.client, header parsing by the email package, a new TCP
 connection per Slack call).
+
+The newfast changes against main, single runs interleaved (main, branch, main, ...), medians,
+on the shared machine with other helpers' work (so compare the columns, not the absolute figures):
+- the GIL's switch interval (bot/cli/serve.py GIL_SWITCH_SECONDS), 7 rounds of main / 5 ms /
+  20 ms / 10 ms at load 4.8-18: 50 senders 43.5 / 39.9 / 49.6 / 52.5 alerts/s, CPU per new alert
+  one at a time 18.5 / 20.0 / 15.5 / 15.0 ms and at 50 senders 18.5 / 22.6 / 16.0 / 16.8 ms,
+  offered 40/s p50 206 / 371 / 64 / 38 ms and p99 519 / 704 / 655 / 262 ms. A semaphore of 2
+  around the diagnosis (3 rounds) did no better than without and was not kept.
+- the whole branch (the interval, the Kubernetes client's pool, the node's images left out), 7
+  more rounds at load 4.4-12.4: 50 senders 45.1 against 43.2 alerts/s (runs 39.7-51.1 against
+  36.2-51.7), CPU per new alert the same within the spread (one at a time 16.8 against 17.0 ms,
+  at 50 senders 18.2 against 17.6 ms), offered 40/s p50 71 against 97 ms, p99 322 against 309 ms.
+  At these loads neither tree meets issue 20's CPU line; re-measure on a quiet machine.
 """
 
 from __future__ import annotations
