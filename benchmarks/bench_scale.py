@@ -68,11 +68,12 @@ on the shared machine with other helpers' work (so compare the columns, not the 
   one at a time 18.5 / 20.0 / 15.5 / 15.0 ms and at 50 senders 18.5 / 22.6 / 16.0 / 16.8 ms,
   offered 40/s p50 206 / 371 / 64 / 38 ms and p99 519 / 704 / 655 / 262 ms. A semaphore of 2
   around the diagnosis (3 rounds) did no better than without and was not kept.
-- the whole branch (the interval, the Kubernetes client's pool, the node's images left out), 7
-  more rounds at load 4.4-12.4: 50 senders 45.1 against 43.2 alerts/s (runs 39.7-51.1 against
-  36.2-51.7), CPU per new alert the same within the spread (one at a time 16.8 against 17.0 ms,
-  at 50 senders 18.2 against 17.6 ms), offered 40/s p50 71 against 97 ms, p99 322 against 309 ms.
-  At these loads neither tree meets issue 20's CPU line; re-measure on a quiet machine.
+- the whole branch (the interval, the Kubernetes client's pool, the node's images left out), 11
+  more rounds at load 4.4-12.4: 50 senders 44.6 against 43.2 alerts/s (runs 35.1-51.1 against
+  32.1-51.7), CPU per new alert the same within the spread (one at a time 17.0 against 16.0 ms,
+  at 50 senders 18.2 against 18.1 ms). So the first series' gain did not show again: the
+  interval's effect is smaller than this machine's spread. At these loads neither tree meets
+  issue 20's CPU line; re-measure on a quiet machine.
 """
 
 from __future__ import annotations
