@@ -259,9 +259,12 @@ class Intake:
 
     def _resolve(self, target: AlertTarget) -> Incident | None:
         """Alertmanager says the pod stopped crash-looping: mark its incidents resolved (all but
-        those mid-apply, which the table does not let move to resolved)."""
+        those mid-apply, which the table does not let move to resolved). Only the unresolved are
+        listed: the resolved ones, never deleted, would otherwise make every resolved alert read
+        every incident the namespace ever had."""
         resolved = None
-        for incident in self.store.list(cluster=self.cluster.name, namespace=target.namespace):
+        for incident in self.store.list(state_not=IncidentState.RESOLVED, cluster=self.cluster.name,
+                                        namespace=target.namespace):
             if target.pod not in incident.pods or not can_move(incident.state, IncidentState.RESOLVED):
                 continue
 
@@ -272,7 +275,7 @@ class Intake:
                 return moved(inc, IncidentState.RESOLVED, now,
                              f"resolved (alert for pod {target.pod} resolved; was {inc.state})", last_seen=now)
 
-            updated = self.cas.mutate(incident.name, mark)
+            updated = self.cas.mutate(incident.name, mark, known=incident)  # as just listed: no second read
             if updated is not None and updated.state == IncidentState.RESOLVED:
                 resolved = updated
                 if updated.message_id:

@@ -102,7 +102,10 @@ class IncidentStore(Protocol):
     def update(self, incident: Incident) -> Incident:
         """Compare-and-swap on incident.version; raises IncidentConflict on a lost race."""
 
-    def list(self, **labels: str) -> list[Incident]: ...
+    def list(self, state_not: str | None = None, **labels: str) -> list[Incident]:
+        """The incidents with these labels (bot.app.incidents.incident_labels), and with
+        `state_not`: those not in that state (a resolved alert lists the unresolved only, not
+        every incident the namespace ever had)."""
 
 
 class ChatPort(Protocol):

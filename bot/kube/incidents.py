@@ -124,7 +124,10 @@ class KubeIncidentStore:
             raise IncidentConflict(f"{incident.name}: {exc.reason}") from None
         return self._read(obj)
 
-    def list(self, **labels: str) -> list[Incident]:
-        selector = ",".join(f"{LABEL_PREFIX}{k}={selector_value(k, v)}" for k, v in labels.items())
+    def list(self, state_not: str | None = None, **labels: str) -> list[Incident]:
+        wanted = [f"{LABEL_PREFIX}{k}={selector_value(k, v)}" for k, v in labels.items()]
+        if state_not is not None:  # served by the API server: the others are never sent or parsed
+            wanted.append(f"{LABEL_PREFIX}state!={selector_value('state', state_not)}")
+        selector = ",".join(wanted)
         items = self.api.list_custom(GROUP, VERSION, self.namespace, PLURAL, label_selector=selector or None)
         return [self._read(item) for item in items]

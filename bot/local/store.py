@@ -92,10 +92,10 @@ class FolderIncidentStore:
             os.replace(tmp, path)  # readers see the old or the new file, never half of one
         return marked_as_stored(stored, self.redactor)
 
-    def list(self, **labels: str) -> list[Incident]:
+    def list(self, state_not: str | None = None, **labels: str) -> list[Incident]:
         out = []
         for path in sorted(self.folder.glob("*.json")):
             incident = self.get(path.stem)
-            if incident and matches(incident, labels):
+            if incident and matches(incident, labels) and (state_not is None or incident.state != state_not):
                 out.append(incident)
         return out

@@ -192,3 +192,27 @@ def test_an_alert_whose_container_label_names_no_container_is_diagnosed_on_the_v
     assert incident is not None and incident.state == "proposed"
     assert incident.proposal is not None and incident.proposal.workload.container == "vllm"
     assert len(world["slack"].posts()) == 1
+
+
+def test_a_resolved_alert_lists_only_the_unresolved_incidents_and_writes_its_own(world):
+    """Incidents are never deleted: listing every incident of the namespace for each resolved
+    alert would read all the resolved ones too, more with every week."""
+    kube, service = world["kube"], world["service"]
+    vllm = container(command=["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"], args=["--max-model-len", "32768"])
+    others = [crashing_deployment(kube, name=f"vllm-other-{i}", previous_log=EXAMPLE_LOG, exit_code=1,
+                                  containers=[vllm])[1]["metadata"]["name"] for i in range(2)]
+    mine = service.handle_alert(AlertTarget(namespace=NS, pod=world["pod"], container="vllm"))
+    still_open = service.handle_alert(AlertTarget(namespace=NS, pod=others[0], container="vllm"))
+    service.handle_alert(AlertTarget(namespace=NS, pod=others[1], container="vllm"))
+    service.handle_alert(AlertTarget(namespace=NS, pod=others[1], container="vllm", firing=False))
+    store = KubeIncidentStore(KubeApi(kube.api_client()), "vllm-oncall")
+    untouched = {i.name: i.version for i in store.list() if i.name != mine.name}
+    before = len(kube.calls)
+    resolved = service.handle_alert(AlertTarget(namespace=NS, pod=world["pod"], container="vllm", firing=False))
+    calls = kube.calls[before:]
+    assert resolved is not None and resolved.name == mine.name and resolved.state == "resolved"
+    assert counted(calls) == {"list vllmincidents": 1, "patch vllmincidents": 1}, breakdown(calls)
+    listed = next(c for c in calls if c.verb == "list")
+    assert "oncall.vllm.ai/state!=resolved" in listed.query["labelSelector"].split(",")
+    assert {i.name: i.version for i in store.list() if i.name != mine.name} == untouched
+    assert store.get(still_open.name).state == "proposed" and store.get(mine.name).state == "resolved"
