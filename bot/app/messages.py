@@ -62,11 +62,19 @@ class Messages:
                 name = next(iter(self._pending))
                 entry = self._pending.pop(name)
             try:
-                incident = entry[1] if entry is mine else entry[0]()
+                incident = entry[1] if entry is mine else self._current(*entry)
                 if incident is not None and incident.message_id:
                     self.refresh(incident)
             except Exception:  # one incident's failure must not leave the others pending for ever
                 log.exception("updating the message of %s failed", name)
+
+    @staticmethod
+    def _current(load: Callable[[], Incident | None], known: Incident) -> Incident | None:
+        """The incident as stored now; `known` itself when nobody wrote since (the same version:
+        the same object in the store), whose seal the sealer already knows to hold."""
+        current = load()
+        return known if current is not None and known.version is not None and current.version == known.version \
+            else current
 
     def refresh(self, incident: Incident, clicked: MessageRef | None = None) -> None:
         """Re-render the incident's message, and the clicked copy if it is a different one."""
