@@ -6,8 +6,7 @@ the stored one is shown."""
 from __future__ import annotations
 
 from fakes import RecordingChat
-from test_latest_incidents import pod_alert, service_with_workloads
-from test_repeat_cost import KEY
+from test_repeat_cost import KEY, pod_alert, service_with_workloads
 
 from bot.app.messages import Messages
 from bot.app.metrics import Metrics

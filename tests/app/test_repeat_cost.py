@@ -62,6 +62,21 @@ def replica(folder, chat: RecordingChat, name: str = "a") -> tuple[OncallService
     return service, store, redactor
 
 
+def service_with_workloads(folder, workloads: int) -> tuple[OncallService, CountingStore, CountingRedactor, RecordingChat]:
+    """One replica over `workloads` Deployments, one crashing pod each (pod_alert(i))."""
+    cluster = FakeCluster()
+    for i in range(workloads):
+        cluster.add_pod(NS, f"vllm-w{i:03d}-7d9f8c6b5-x2k4p", f"vllm-w{i:03d}")
+    redactor = CountingRedactor()
+    store = CountingStore(folder, redactor)
+    chat = RecordingChat()
+    service = OncallService(cluster, store, chat, Policy(seal_key=KEY, redactor=redactor), diagnose=kv_diagnosis)
+    return service, store, redactor, chat
+
+
+def pod_alert(i: int) -> AlertTarget:
+    return AlertTarget(namespace=NS, pod=f"vllm-w{i:03d}-7d9f8c6b5-x2k4p", container="vllm")
+
 def test_a_new_incident_is_redacted_once_and_stored_sealed(tmp_path):
     service, store, redactor = replica(tmp_path, RecordingChat())
     incident = service.handle_alert(alert())

@@ -5,8 +5,7 @@ unresolved ones holding the alerted pod resolved."""
 from __future__ import annotations
 
 from fakes import FakeCluster, RecordingChat, kv_diagnosis
-from test_latest_incidents import pod_alert
-from test_repeat_cost import KEY, NS, CountingRedactor, CountingStore
+from test_repeat_cost import KEY, NS, CountingRedactor, CountingStore, pod_alert
 
 from bot.app.service import OncallService, Policy
 
