@@ -14,7 +14,9 @@ from bot.diagnosis.catalogue import (
     params_from_shape,
     quant_from_config,
     quant_from_flag,
+    normalise,
     read_config_file,
+    required_literal,
     resolve_model,
     spec_from_config,
 )
@@ -96,6 +98,59 @@ def test_model_argument_matching(arg, model_id, quant, bits):
                                  "Qwen/Qwen2.5-7.5B", "Qwen/Qwen-7B-Chat", "meta-llama/Llama-3.1-8", "phi-4-multimodal"])
 def test_unknown_models_are_none(arg):
     assert match_model(arg) is None
+
+
+# ---- patterns compiled on first use, only when the name holds their plain start ---------------
+
+
+@pytest.mark.parametrize("pattern, plain", [
+    ("llama-?3\\.1-8b", "llama"),  # an optional character is not required
+    ("qwen2\\.5-(?:coder-)?7b", "qwen2.5-"),  # escaped punctuation is itself
+    ("mixtral-8x7b", "mixtral-8x7b"),
+    ("phi-3+-mini", "phi-3"),  # '+' keeps at least one
+    ("gemma-\\d+b", "gemma-"),  # a class ends it
+    ("glm-4{1,2}", "glm-"),
+    ("a-7b|b-7b", ""),  # each alternative may start differently
+    ("(?:a|b)-7b", ""),
+    ("x-(?:a|b)", "x-"),  # an alternative inside a group comes after the plain start
+    ("x-[|]-y", "x-"),  # a '|' in a class is no alternative
+    ("x-[]|]|y", ""),
+])
+def test_the_plain_start_every_match_holds(pattern, plain):
+    assert required_literal(pattern) == plain
+
+
+def _matches_of_every_pattern(name: str) -> tuple[str, str] | None:
+    """The catalogue's match with every pattern compiled and tried, as before: the oracle."""
+    import re
+
+    text, best = normalise(name), None
+    for entry in ENTRIES:
+        for pattern in entry.patterns:
+            for m in re.finditer(rf"(?<![a-z0-9]){pattern}(?![0-9]|\.\d)", text):
+                if best is None or len(m.group(0)) > best[0]:
+                    best = (len(m.group(0)), pattern, entry.spec.id)
+    return (best[2], best[1]) if best else None
+
+
+NAMES = ([e.spec.id for e in ENTRIES] + [p for e in ENTRIES for p in e.patterns]
+         + ["/models/Meta-Llama-3.1-70B-Instruct-AWQ-INT4", "Qwen/Qwen2.5-Coder-32B-Instruct", "llama3.1-8b",
+            "models--Qwen--Qwen3-30B-A3B-Thinking-2507", "phi-4-multimodal", "deepseek-v3.1-terminus",
+            "glm-4-9b-0414", "kimi-k2-instruct-0905", "my-org/custom-model", "Qwen/Qwen2.5-7.5B"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_name_matches_as_when_every_pattern_was_tried(name):
+    spec = match_model(name)
+    assert ((spec.id, spec.matched) if spec else None) == _matches_of_every_pattern(name)
+
+
+def test_every_shipped_pattern_compiles_and_starts_with_its_plain_start():
+    from bot.diagnosis.catalogue import _patterns
+
+    for candidate in _patterns():
+        assert candidate.regex.pattern.startswith("(?<![a-z0-9])")  # a bad pattern is a CatalogueError here
+        assert candidate.pattern.replace("\\", "").startswith(candidate.literal)
 
 
 def test_size_boundaries_are_respected():
