@@ -38,12 +38,20 @@ class RedactionPatternError(ValueError):
 @dataclass(frozen=True)
 class Rule:
     name: str
-    pattern: re.Pattern[str]
+    regex: str
     replacement: str
+    flags: int = 0
+
+    @functools.cached_property
+    def pattern(self) -> re.Pattern[str]:
+        """Compiled when a text first holds the rule's literal: a text holds few of them, and
+        compiling all the token rules (and the literal scan only the fallback uses) took 2 of the
+        module's 9 ms import, at every `diagnose` (issue 20)."""
+        return re.compile(self.regex, self.flags)
 
 
 def _rule(name: str, regex: str, replacement: str, flags: int = 0) -> Rule:
-    return Rule(name, re.compile(regex, flags), replacement)
+    return Rule(name, regex, replacement, flags)
 
 
 # Tokens that are secrets wherever they appear (adapted from gitleaks, see the module docstring).
@@ -232,9 +240,10 @@ _FOLDED_LITERALS: dict[str, tuple[str, ...]] = {
 _FOLD_FIRST = (("\u017f", "s"), ("\u0130", "i"), ("\u0131", "i"))
 
 
-def _literal_index(literals: dict[str, tuple[str, ...]]) -> tuple[re.Pattern[str], dict[str, frozenset[str]]]:
-    """One alternation of every literal (longest first) and, per literal, the rules it may start:
-    its own and those of every literal that is a prefix of it (found at the same place)."""
+def _literal_index(literals: dict[str, tuple[str, ...]]) -> tuple[str, dict[str, frozenset[str]]]:
+    """One alternation of every literal (longest first; compiled only without the Aho-Corasick
+    package) and, per literal, the rules it may start: its own and those of every literal that
+    is a prefix of it (found at the same place)."""
     by_literal: dict[str, set[str]] = {}
     for rule, words in literals.items():
         for word in words:
@@ -242,14 +251,14 @@ def _literal_index(literals: dict[str, tuple[str, ...]]) -> tuple[re.Pattern[str
     closed = {word: frozenset().union(*(rules for other, rules in by_literal.items() if word.startswith(other)))
               for word in by_literal}
     ordered = sorted(by_literal, key=len, reverse=True)
-    return re.compile("|".join(re.escape(word) for word in ordered)), closed
+    return "|".join(re.escape(word) for word in ordered), closed
 
 
 _TOKEN_SCAN, _TOKEN_RULES_OF = _literal_index(_TOKEN_LITERALS)
 _FOLDED_SCAN, _FOLDED_RULES_OF = _literal_index(_FOLDED_LITERALS)
 
 
-def _rules_found(text: str, scan: re.Pattern[str], rules_of: dict[str, frozenset[str]]) -> set[str]:
+def _rules_found(text: str, alternation: str, rules_of: dict[str, frozenset[str]]) -> set[str]:
     """The rules whose literals occur in `text`: one left-to-right scan; inside each match, the
     positions a literal could also start at (one literal's tail another's head) are tried too."""
     automaton = _automaton(tuple(rules_of))
@@ -258,7 +267,7 @@ def _rules_found(text: str, scan: re.Pattern[str], rules_of: dict[str, frozenset
         # alternation below is tried at every position (~0.4 ms a 9 KB log, per alert; issue 20)
         return set().union(*(rules_of[word] for word in set(automaton.find_matches_as_strings(text, overlapping=True))))
     found: set[str] = set()
-    position = 0
+    position, scan = 0, re.compile(alternation)
     while (match := scan.search(text, position)) is not None:
         found |= rules_of[match.group(0)]
         for inner in range(match.start() + 1, match.end()):
@@ -341,7 +350,7 @@ def compile_patterns(patterns: Sequence[str]) -> tuple[Rule, ...]:
         if pattern.fullmatch(""):
             raise RedactionPatternError(
                 f"redaction pattern {index + 1} {source!r} matches the empty string; it would mask everything")
-        rules.append(Rule(f"configured-{index + 1}", pattern, MASK))
+        rules.append(Rule(f"configured-{index + 1}", source, MASK))
     return tuple(rules)
 
 
