@@ -45,7 +45,12 @@ def long_lived_imports() -> Iterator[None]:
     What importing the diagnosis builds (pydantic schemas, dataclasses, regexes) lives as long as
     the process: the collector walked it some 80 times for nothing, 15-20 ms of a diagnose's
     start-up (issue 20). Frozen rather than merely paused: switched back on, it would walk the
-    whole heap it had let pile up. serve freezes its start-up heap the same way."""
+    whole heap it had let pile up. serve freezes its start-up heap the same way.
+
+    pydantic looks for plugins when it builds its first model, reading the entry points of every
+    installed package (~2% of a small log's diagnose); a one-shot command wants none, so the
+    search is off unless PYDANTIC_DISABLE_PLUGINS says otherwise."""
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     enabled = gc.isenabled()
     gc.disable()
     try:
