@@ -210,9 +210,9 @@ class KeywordScanner:
         # 0.109, medians of 7 interleaved, load 8; the keyword-on-every-line log: the same; issue 20)
         searchers = -(-len(self.keywords) // PACKED_PATTERNS)
         size = -(-len(self.keywords) // searchers) if searchers else 0
-        groups = [self.keywords[i : i + size] for i in range(0, len(self.keywords), size)] if size else []
+        self.groups = [self.keywords[i : i + size] for i in range(0, len(self.keywords), size)] if size else []
         self.automata = [ahocorasick_rs.BytesAhoCorasick(group, matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
-                         for group in groups] if ahocorasick_rs else []
+                         for group in self.groups] if ahocorasick_rs else []
 
     def match_starts(self, chunk: bytes) -> list[int]:
         """Where keywords start in the chunk (at least one per line holding any), ascending."""

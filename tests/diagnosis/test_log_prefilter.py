@@ -106,6 +106,19 @@ def test_more_keywords_than_one_packed_searcher_takes_are_all_found():
     assert len(starts) == len(keywords) == len(_naive_line_starts(chunk, keywords))
 
 
+
+@pytest.mark.parametrize("n_keywords", [1, PACKED_PATTERNS, PACKED_PATTERNS + 1, 2 * PACKED_PATTERNS + 5])
+def test_the_keywords_are_shared_evenly_between_as_few_searchers_as_the_cap_allows(n_keywords):
+    keywords = [f"kw{i:03d}word".encode() for i in range(n_keywords)]
+    scanner = KeywordScanner(keywords)
+    searchers = -(-n_keywords // PACKED_PATTERNS)
+    assert len(scanner.automata) == len(scanner.groups) == searchers  # one pass over the log per searcher
+    sizes = [len(group) for group in scanner.groups]
+    assert max(sizes) <= PACKED_PATTERNS and max(sizes) - min(sizes) <= 1
+    chunk = b"".join(b"noise " + kw + b" more\n" + b"plain line\n" for kw in keywords)
+    assert scanner.line_starts(chunk) == _naive_line_starts(chunk, keywords)
+
+
 def test_a_keyword_holding_another_is_left_out_and_its_lines_are_still_found():
     keywords = [b"MemoryError", b"Error", b"CUDA", b"OOMKilled", b"OOM"]
     chunk = b"x MemoryError: y\nplain\nreason: OOMKilled\nCUDA\n"
