@@ -18,8 +18,7 @@ V0 0.6.4 and V1 0.6.5-0.9.0; CUDA graphs are inside the budget from 0.21 (outsid
 --kv-cache-memory-bytes (0.10.2+) pins the KV pool and utilization no longer sizes it.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: see bot/diagnosis/models.py (pydantic start-up cost).
 import math
 import re
 from enum import StrEnum

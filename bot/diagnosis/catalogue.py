@@ -11,8 +11,7 @@ A quantized variant (AWQ, GPTQ, FP8, INT4/INT8, W4A16/W8A8, bnb-4bit, MXFP4, NVF
 recognised from the name and carried as `ModelSpec.quantization`.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: see bot/diagnosis/models.py (pydantic start-up cost).
 import json
 import re
 from collections.abc import Callable

@@ -13,8 +13,7 @@ Memory per device has a source tag, most exact first: the vLLM/PyTorch log's tot
 label, the MIG profile name, the product catalogue below.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: see bot/diagnosis/models.py (pydantic start-up cost).
 import re
 from typing import Any, Literal
 

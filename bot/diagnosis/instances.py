@@ -5,8 +5,7 @@ for tensor parallelism) that each keep their share under 80% of the device, on t
 instance of each cloud that has that many.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: see bot/diagnosis/models.py (pydantic start-up cost).
 from functools import lru_cache
 from importlib import resources
 

@@ -21,8 +21,7 @@ blob) keeps its first and last LINE_KEEP_BYTES, so one huge line cannot take mem
 proportion to its size; no real vLLM line comes near that length.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: see bot/diagnosis/models.py (pydantic start-up cost).
 import functools
 import itertools
 import mmap
