@@ -347,7 +347,8 @@ class _Pattern:
 
     Compiling all 74 at the first diagnosis took half of the first match (7.6 -> 4.3 ms with the
     catalogue's loading, medians of 7 interleaved, issue 20); a model name holds the plain start of
-    a few of them, and a name that does not hold a pattern's plain start cannot match it. tests/diagnosis/test_catalogue.py compiles every shipped pattern."""
+    a few of them, and a name that does not hold a pattern's plain start cannot match it.
+    tests/diagnosis/test_catalogue.py compiles every shipped pattern."""
 
     def __init__(self, pattern: str, entry: CatalogueEntry):
         self.pattern, self.entry = pattern, entry
