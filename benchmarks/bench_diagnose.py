@@ -14,21 +14,33 @@ Printed per log: the median wall and CPU seconds, the floor's, the wall ratio ("
 target's measure) and the CPU ratio ("x CPU": on a shared machine the wall ratio swings with the
 load; both processes are single-threaded, so a quiet machine's wall ratio approaches the CPU one).
 
-Last measured 2026-12-03, this bench run on main and on the branch `startup` in turn (A B A B,
-twice), load average 5-10 on 2 shared cores: 100 MB 0.41-0.60 CPU-s against main's 0.56-0.64,
-3.7-6.9x the floor wall, 4.9-6.6x in CPU (main 7.1-7.9x), 44 MiB; 1 GB 2.06-2.26 CPU-s (main
-2.02-2.81), 2.8-3.9x wall, 2.8-2.9x CPU, 50 MiB; `--help` 0.05-0.07 CPU-s. Interleaved single
-runs, 11-15 each, CPU medians: 100 MB 0.45-0.47 -> 0.37-0.40 CPU-s, a 2 MB log 0.29 -> 0.23.
-Where a run's CPU goes now (a 2 MB log: 0.21-0.23 CPU-s at load 5): Python 0.02; pydantic and its first
-model 0.11 (its plugin discovery imports importlib.metadata and reads every installed package's
-entry points: 0.02); the diagnosis's modules ~0.06 (pydantic schemas, dataclasses and regexes
-built at import); the first diagnosis ~0.03 (the playbooks, the model catalogue's ~150 patterns,
-the flag table). The scan of 100 MB is the rest, ~0.16-0.2 CPU-s (by cProfile's tottime: the Aho-Corasick
-pass ~0.10, counting newlines with bytes.count, a byte loop, ~0.05). Cut from start-up by the branch `startup`:
-the collector paused while the diagnosis is imported, then frozen (~80 collections, 15-20 ms), and
+Last measured 2026-12-03 14:20-14:25 UTC, the branch `diagfast` against main on 2 shared cores,
+interleaved (A B A B): this bench, twice each, load average 9-11: 100 MB 0.46-0.48 CPU-s against
+main's 0.51-0.55, 5.3-5.5x the floor in CPU (main 6.0-6.1x), 46 MiB; 1 GB 1.85 against 2.11 CPU-s
+(2.5x CPU, main 2.8x), 49 MiB; `--help` 0.06 CPU-s. Single runs, 11 each, load 4-8, CPU
+medians: 100 MB 0.38 -> 0.36 CPU-s (grep 0.07: 5.4x -> 5.1x), a 2 MB log 0.24 -> 0.22. Instructions
+(valgrind --tool=callgrind, steady under load): 100 MB 2,695 M -> 2,530 M (-6.1%), 2 MB 1,199 M ->
+1,095 M (-8.6%). Where a 2 MB log's instructions went on main: Python 88 M, importing pydantic
+182 M, its first model 310 M (the internals it imports then, importlib.metadata for its plugin
+search, the search itself 20 M), the diagnosis's modules ~410 M, the diagnosis ~200 M; the scan
+of 100 MB adds ~1,500 M (by cProfile: three Aho-Corasick passes ~0.07-0.08 CPU-s, counting
+newlines with bytes.count ~0.035, the mapped blocks ~0.03 user + system). `site` is 60 M of the
+88 M, most of it the editable install's finder, which a wheel install does not run. Cut by `diagfast`: the
+keywords shared evenly between the three searchers (44/44/45, not 64/64/5: fewer false candidates,
+the passes 0.084 -> 0.072 CPU-s per 100 MB); the catalogue's 74 model patterns compiled only when a
+name holds their plain start; the redaction token rules and the flag-bound patterns compiled on
+first use (the two case-insensitive ones alone were 2%); pydantic's plugin search off for
+one-shot commands; no `from __future__ import annotations` in the six modules whose models need
+no forward reference (pydantic compiled each field's annotation string: 1.4%). Cut earlier (branch
+`startup`): the collector paused while the diagnosis is imported, then frozen (15-20 ms), and
 the shipped YAML read from bot/support/parsed_ahead.jsonl without importing PyYAML (~25 ms).
-Measured and not kept: deferring every model's schema (pydantic `defer_build`): no difference
-within the noise, a diagnosis builds nearly all of them. To see where a run's CPU goes:
+Measured and not kept: deferring every model's schema (pydantic `defer_build`): no difference,
+a diagnosis builds nearly all of them; reading the file with read() into blocks instead of the
+mapping (more system time: 0.04-0.06 against 0.01-0.03 CPU-s per 100 MB; trimming a block at
+its last newline is a second copy); blocks of 256 KiB-1 MiB instead of 2 MiB, and MADV_POPULATE_READ ahead of each
+block: no difference; other orders of the keywords between searchers: within the noise. Not
+reached: 4.0x at 100 MB (pydantic's import and first model are ~40% of a small log's diagnose).
+To see where a run's CPU goes:
 `python -X importtime -m bot.cli diagnose --log LOG` (start-up) and
 `python -m cProfile -s tottime -m bot.cli diagnose --log LOG` (the scan).
 
