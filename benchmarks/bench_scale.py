@@ -44,7 +44,7 @@ answers /alerts once the alert is queued. So:
   workers, the HTTP server's event loop (`http`) and its handler threads (`http-*`), the sweeper,
   and the threads that ended meanwhile (each incident's details reply runs on a thread of its own).
 
-Run: python benchmarks/bench_scale.py [--runs 3] [--levels 10,50] [--offered 40] [--burst 250]
+Run: python benchmarks/bench_scale.py [--runs 3] [--levels 10,50] [--offered 40] [--burst 250] [--burst-only]
 BENCH_PROFILE=FILE also records a py-spy profile of the bot (only the thread holding the GIL: where
 the CPU goes); with BENCH_PROFILE_THREADS=1 every running thread instead, each stack under its
 thread's name (where the process's CPU goes, the HTTP server's and the details replies' included).
@@ -617,25 +617,19 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=16, help="VLLM_ONCALL_WORKERS (serve's default: 16)")
     parser.add_argument("--burst", type=int, default=250, help="workloads crashing at once (0: skip)")
     parser.add_argument("--burst-pods", type=int, default=10_000, help="pods in the burst's namespace")
+    parser.add_argument("--burst-only", action="store_true", help="only the burst (no alert levels, no floor)")
     args = parser.parse_args()
+    if args.burst_only and not args.burst:
+        parser.error("--burst-only needs --burst N > 0")
     args.levels = [int(x) for x in args.levels.split(",")]
     logging.basicConfig(level=logging.ERROR)
     load_before = os.getloadavg()
     runs, bursts = [], []
     for run in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-            runs.append(alerts_run(args, Path(tmp)))
-            r = runs[-1]
-            line = "; ".join(f"{c} senders {x['rate']:.1f}/s cpu {x['cpu'] * 1000:.1f} ms"
-                             for c, x in r["saturation"].items())
-            print(f"run {run + 1}: one at a time p50 {r['idle']['p50'] * 1000:.0f} ms cpu "
-                  f"{r['idle']['cpu'] * 1000:.1f} ms; saturation {line}; offered {args.offered:g}/s p50 "
-                  f"{r['offered']['p50'] * 1000:.0f} ms p99 {r['offered']['p99'] * 1000:.0f} ms; repeat cpu "
-                  f"{r['repeat_cpu'] * 1000:.1f} ms; 5 MB cpu {r['big_cpu'] * 1000:.0f} ms; load "
-                  f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
-            print(f"run {run + 1}: CPU by thread over the levels: " + ", ".join(
-                f"{name} {seconds:.2f} s" for name, seconds in sorted(r["threads"].items(), key=lambda kv: -kv[1])),
-                file=sys.stderr, flush=True)
+        if not args.burst_only:
+            with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+                runs.append(alerts_run(args, Path(tmp)))
+            print_alerts_run(run, runs[-1], args)
         if args.burst:
             with tempfile.TemporaryDirectory(prefix="bench-burst-") as tmp:
                 bursts.append(burst_run(args.burst, args.burst_pods, args.workers, Path(tmp)))
@@ -649,6 +643,18 @@ def main() -> int:
     return 0
 
 
+def print_alerts_run(run: int, r: dict[str, Any], args: argparse.Namespace) -> None:
+    line = "; ".join(f"{c} senders {x['rate']:.1f}/s cpu {x['cpu'] * 1000:.1f} ms" for c, x in r["saturation"].items())
+    print(f"run {run + 1}: one at a time p50 {r['idle']['p50'] * 1000:.0f} ms cpu "
+          f"{r['idle']['cpu'] * 1000:.1f} ms; saturation {line}; offered {args.offered:g}/s p50 "
+          f"{r['offered']['p50'] * 1000:.0f} ms p99 {r['offered']['p99'] * 1000:.0f} ms; repeat cpu "
+          f"{r['repeat_cpu'] * 1000:.1f} ms; 5 MB cpu {r['big_cpu'] * 1000:.0f} ms; load "
+          f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    print(f"run {run + 1}: CPU by thread over the levels: " + ", ".join(
+        f"{name} {seconds:.2f} s" for name, seconds in sorted(r["threads"].items(), key=lambda kv: -kv[1])),
+        file=sys.stderr, flush=True)
+
+
 def med(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -658,6 +664,14 @@ def report(runs: list[dict[str, Any]], bursts: list[dict[str, Any]], args: argpa
     def ms(x: float) -> str:
         return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
 
+    if runs:
+        report_alerts(runs, args, load_before, load_after, ms)
+    if bursts:
+        report_burst(runs, bursts, args, load_before, load_after)
+
+
+def report_alerts(runs: list[dict[str, Any]], args: argparse.Namespace, load_before: tuple[float, ...],
+                  load_after: tuple[float, ...], ms: Any) -> None:
     print(f"\nvllm-oncall scale benchmark: median of {len(runs)} fresh runs; serve as its own process "
           f"({args.workers} workers), stand-ins local; {os.cpu_count()} CPUs; load average "
           f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
@@ -685,17 +699,25 @@ def report(runs: list[dict[str, Any]], bursts: list[dict[str, Any]], args: argpa
           f"{fo['rate']:.1f}/s")
     print(f"\nCPU per repeat alert (same crash): {med([r['repeat_cpu'] for r in runs]) * 1000:.1f} ms; "
           f"CPU per new alert with a 5 MB log: {med([r['big_cpu'] for r in runs]) * 1000:.0f} ms")
-    if bursts:
+
+
+def report_burst(runs: list[dict[str, Any]], bursts: list[dict[str, Any]], args: argparse.Namespace,
+                 load_before: tuple[float, ...], load_after: tuple[float, ...]) -> None:
+    floor = ""
+    if runs:  # the floor's rate at the highest saturation level, for the same requests
         floor_rate = med([run["floor"][args.levels[-1]]["rate"] for run in runs])
-        print(f"\nburst: {args.burst} workloads crash at once ({args.burst_pods} pods), pod watch: first message "
-              f"{med([b['first'] for b in bursts]):.2f} s, last {med([b['last'] for b in bursts]):.2f} s after the "
-              f"crashes, at Slack's rate (1 post/s per channel): {med([b['top_level'] for b in bursts]):.0f} top-level "
-              f"messages, {med([b['groups'] for b in bursts]):.0f} of them grouped, "
-              f"{max(b['limited'] for b in bursts)} rate-limit answers; named per workload "
-              f"{min(b['per_workload'][0] for b in bursts)}.."
-              f"{max(b['per_workload'][1] for b in bursts)}; {med([b['cpu'] for b in bursts]) * 1000:.0f} ms CPU per "
-              f"workload; RSS {med([b['rss'] for b in bursts]):.0f} MiB; the floor for the same requests at "
-              f"{args.levels[-1]} senders: {args.burst / floor_rate:.1f} s")
+        floor = f"; the floor for the same requests at {args.levels[-1]} senders: {args.burst / floor_rate:.1f} s"
+    else:
+        print(f"\nvllm-oncall burst benchmark: {len(bursts)} fresh runs, {args.workers} workers; load average "
+              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    print(f"\nburst: {args.burst} workloads crash at once ({args.burst_pods} pods), pod watch: first message "
+          f"{med([b['first'] for b in bursts]):.2f} s, last {med([b['last'] for b in bursts]):.2f} s after the "
+          f"crashes, at Slack's rate (1 post/s per channel): {med([b['top_level'] for b in bursts]):.0f} top-level "
+          f"messages, {med([b['groups'] for b in bursts]):.0f} of them grouped, "
+          f"{max(b['limited'] for b in bursts)} rate-limit answers; named per workload "
+          f"{min(b['per_workload'][0] for b in bursts)}.."
+          f"{max(b['per_workload'][1] for b in bursts)}; {med([b['cpu'] for b in bursts]) * 1000:.0f} ms CPU per "
+          f"workload; RSS {med([b['rss'] for b in bursts]):.0f} MiB{floor}")
 
 
 if __name__ == "__main__":

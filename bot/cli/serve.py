@@ -205,7 +205,7 @@ def settle_for_serving() -> None:
     """Once `serve` is wired, before it takes work: everything built so far (modules, the Kubernetes
     client's classes, playbooks, compiled patterns) lives as long as the process, so it is moved
     out of the collector's reach and a full collection walks only what the work allocates (each one
-    had walked the whole start-up heap: 0.1-0.3 s, 2-4 ms per alert at 40 alerts/s; see README
+    had walked the whole start-up heap: 0.1-0.3 s, 2-4 ms per alert at 40 alerts/s; see docs/speed.md,
     "Speed at scale"); and threads keep the GIL for GIL_SWITCH_SECONDS."""
     gc.collect()
     gc.freeze()
