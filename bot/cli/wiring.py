@@ -271,6 +271,7 @@ def build(settings: Settings, clock: ChatClock | None = None) -> Wiring:
                        host=host, port=port, sweep_interval=settings.sweep_interval_seconds,
                        cluster_label=settings.cluster_label)
     server.readiness.vetoes["slack"] = chat.refused  # a revoked token, not in the channel: 503 with the fix
+    server.on_stop.append(chat.close)  # a details reply or a retry left waiting sends nothing after the stop
     wiring = Wiring(settings=settings, metrics=metrics, redactor=redactor, books=books, diagnose=diagnose,
                     policy=policy, slack=slack, chat=chat, work=work, clusters=clusters, router=router,
                     bolt_app=bolt_app, server=server)

@@ -172,6 +172,10 @@ class SlackChat:
                  redactor: Redactor | None = None, post_budget_seconds: float = POST_BUDGET_SECONDS,
                  clock: Callable[[], float] = time.monotonic, pacer: Pacer | None = None):
         self.client = client
+        # Set when the server stops (close): a call not yet started then never starts. A details
+        # reply's thread or a retry's back-off may outlive the server, and must not reach whatever
+        # listens at Slack's address after it.
+        self._closed = threading.Event()
         # Slack's posting rate (bot.app.pacing): every post and update takes its turn; None: no
         # pacing (tests of other things; serve always paces, bot.cli.wiring).
         self.pacer = pacer
@@ -210,9 +214,18 @@ class SlackChat:
             self.metrics.slack_failures.labels(method).inc()
             raise ChatUnavailable(f"{method}: {exc}", ambiguous=False) from None
 
+    def close(self) -> None:
+        """No call starts after this one (the server is stopping); one under way ends as it ends."""
+        self._closed.set()
+
     def _call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None, **kwargs: Any) -> Any:
+        def attempt(**call_kwargs: Any) -> Any:  # each attempt, the retries' included
+            if self._closed.is_set():
+                raise ChatUnavailable(f"{method}: the bot is stopping", ambiguous=False)
+            return fn(**call_kwargs)
+
         try:
-            answer = (policy or self.retries).run(fn, api="slack", call=method,
+            answer = (policy or self.retries).run(attempt, api="slack", call=method,
                                                   reason_of=lambda exc: retry_reason(method, exc),
                                                   retry_after_of=retry_after_seconds, **kwargs)
         except (SlackApiError, OSError, http.client.HTTPException) as exc:

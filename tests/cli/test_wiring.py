@@ -14,6 +14,7 @@ import pytest
 from builders import EXAMPLE_LOG, use_kubeconfig, wait_for
 from kubeapi.objects import container, crashing_deployment, deployment, node, rollout_controller
 
+from bot.app.ports import ChatUnavailable
 from bot.app.records import AlertTarget
 from bot.app.state import IncidentState
 from bot.cli.settings import load_settings
@@ -130,3 +131,13 @@ def test_the_webhook_and_the_pod_watch_share_the_one_work_queue(kube_api, slack,
         assert wiring.watches[0].handle == wiring.server.router.handle_alert  # so the two fold together
     finally:
         wiring.server.stop()
+
+
+def test_a_stopped_server_sends_nothing_more_to_slack(wired, slack):
+    """A details reply's thread or a retry's back-off may outlive `serve`'s server: once it has
+    stopped, no Slack call starts (whatever listens at Slack's address by then is not Slack)."""
+    wired.server.stop()
+    with pytest.raises(ChatUnavailable, match="stopping") as refused:
+        wired.chat.call("chat.postMessage", wired.slack.chat_postMessage, channel="C0ALERTS", text="late")
+    assert not refused.value.ambiguous
+    assert slack.attempts("chat.postMessage") == []
