@@ -209,7 +209,8 @@ def test_kill_mid_post_a_replica_finds_the_message_after_the_lease_and_posts_not
     first, second = world.start("a", "b")  # two replicas of one bot
     slack.slow_next("chat.postMessage", HELD)  # Slack posts it, the answer comes late
     world.alert(first)
-    assert wait_for(lambda: len(slack.channel_messages(CHANNEL)) == 1, STEP), "never posted"
+    assert wait_for(lambda: len(slack.channel_messages(CHANNEL)) == 1, STEP), \
+        f"never exactly one post: {slack.channel_messages(CHANNEL)}\n{world.logs()}"
     (attempt,) = slack.attempts("chat.postMessage")
     pending = time.monotonic() - attempt.at
     first.kill()  # the post exists, its answer is pending
