@@ -58,7 +58,7 @@ $(VLLM_VENV)/.installed-$(VLLM_VERSION):
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
-# The six real-vLLM scenarios alone (make test runs them too when $(VLLM_VENV) exists; CI always).
+# The five real-vLLM scenarios alone (make test runs them too when $(VLLM_VENV) exists; CI always).
 vllm-test: $(BIN)/.installed vllm
 	$(BIN)/python -m pytest -m realvllm -n 0 tests/realvllm
 
