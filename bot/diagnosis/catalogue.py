@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from bot.diagnosis.models import revised
 from bot.support import yamlload
 from bot.support.memo import kept_for_short_texts
+from bot.support.regex_text import top_level_alternative
 
 SpecSource = Literal["catalogue", "bundle config.json", "hub"]
 HubLookup = Callable[[str], dict[str, Any] | None]
@@ -374,7 +375,7 @@ def required_literal(pattern: str) -> str:
     """The plain text every match of the pattern starts with ("llama-" for 'llama-?3\\.1-8b'):
     its characters up to the first special one, escaped punctuation read as itself; "" when the
     pattern has an alternative at its top level (each alternative may start differently)."""
-    if _top_level_alternative(pattern):
+    if top_level_alternative(pattern):
         return ""
     plain: list[str] = []
     i = 0
@@ -395,29 +396,6 @@ def required_literal(pattern: str) -> str:
         plain.append(char)
         i += 1
     return "".join(plain)
-
-
-def _top_level_alternative(pattern: str) -> bool:
-    depth, in_class, i = 0, False, 0
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-            if pattern[i + 1 : i + 2] == "]":  # a ']' first in a class is a member
-                i += 1
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif char == "|" and depth == 0:
-            return True
-        i += 1
-    return False
 
 
 @lru_cache(maxsize=1)

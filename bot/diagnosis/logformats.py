@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from bot.support.regex_text import top_level_alternative
+
 if TYPE_CHECKING:  # the reader's state; imported only for type checkers (it imports this module)
     from bot.diagnosis.logfacts import _State
 
@@ -299,9 +301,9 @@ def frame_stage(state: _State, m: re.Match[str], line: str, n: int) -> None:
 # sometimes wrong (the weights wrapper's "lower --gpu-memory-utilization"), its numbers are not.
 _FLAG_WORD = r"`?(--?[a-z][a-z0-9]*(?:[-_][a-z0-9]+)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)`?"
 _BOUND_NUM = r"(\d+(?:,\d{3})*(?:\.\d+)?)"
-# The bound patterns are compiled when a message first holds their core (below), not at every start:
-# most logs name no bound, and compiling them (two case-insensitive) was 2% of the instructions of
-# a 2 MB log's diagnose (valgrind; issue 20).
+# The bound patterns are compiled when a message first holds their core (below; re keeps them
+# compiled), not at every start: most logs name no bound, and compiling them (two case-insensitive)
+# was 2% of the instructions of a 2 MB log's diagnose (valgrind; issue 20).
 _AT = _FLAG_WORD + r"\s+to\s+(at most|no more than|at least|no less than)\s+" + _BOUND_NUM
 _MOVE = (r"(?i)\b(increase|raise|lower|decrease|reduce|set)\s+" + _FLAG_WORD
          + r"\s+(?:from\s+[\d.,]+\s+)?to\s+" + _BOUND_NUM + r"(?![\w.]*\s*(?:GiB|MiB|%))")
@@ -352,25 +354,20 @@ _PAIR_CORE = re.compile(r"\) (?:is larger than|is greater than|exceeds|is smalle
 _MAMBA_CORE = "exceeds available Mamba cache blocks ("
 
 
-@cache
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
-
-
 def read_flag_bounds(message: str) -> dict[str, dict[str, Any]]:
     """Every bound one message names for a vLLM flag (see the grammar above)."""
     bounds: dict[str, dict[str, Any]] = {}
-    for word, how, value in _compiled(_AT).findall(message) if _AT_CORE.search(message) else ():
+    for word, how, value in re.findall(_AT, message) if _AT_CORE.search(message) else ():
         _add_bound(bounds, word, "at_most" if how in {"at most", "no more than"} else "at_least", value)
-    for verb, word, value in _compiled(_MOVE).findall(message) if _MOVE_CORE.search(message) else ():
+    for verb, word, value in re.findall(_MOVE, message) if _MOVE_CORE.search(message) else ():
         if verb.lower() != "set":
             _add_bound(bounds, word, "at_most" if verb.lower().startswith(_DOWN) else "at_least", value)
     for value in _ESTIMATE.findall(message):
         _add_bound(bounds, "max_model_len", "at_most", value)
     for _seqs, blocks in _SEQS_OVER_MAMBA_BLOCKS.findall(message) if _MAMBA_CORE in message else ():
         _add_bound(bounds, "max_num_seqs", "at_most", blocks)
-    pairs = _compiled(_PAIR).findall(message) if _PAIR_CORE.search(message) else []
-    advice = [(verb.lower(), vllm_flag(word)) for verb, word in _compiled(_ADVICE).findall(message)] if pairs else []
+    pairs = re.findall(_PAIR, message) if _PAIR_CORE.search(message) else []
+    advice = [(verb.lower(), vllm_flag(word)) for verb, word in re.findall(_ADVICE, message)] if pairs else []
     for first, first_value, relation, second, second_value in pairs:
         larger = relation in {"is larger than", "is greater than", "exceeds"}
         one, other = vllm_flag(first), vllm_flag(second.strip().rsplit(" ", 1)[-1])
@@ -1252,25 +1249,9 @@ def _mark_search(pattern: str) -> tuple[re.Pattern[str], bool]:
     leading `\b` hides the literal after it from the regex engine, which then tries every position.
     Only a `\b` before a word character, in a pattern without a top-level `|` or a class, is moved."""
     rest = pattern[2:]
-    if not pattern.startswith(r"\b") or not re.match(r"\w(?![?*+{])", rest) or "[" in rest or _top_level_bar(rest):
+    if not pattern.startswith(r"\b") or not re.match(r"\w(?![?*+{])", rest) or "[" in rest or top_level_alternative(rest):
         return re.compile(pattern), False
     return re.compile(rest), True
-
-
-def _top_level_bar(pattern: str) -> bool:
-    depth, escaped = 0, False
-    for ch in pattern:
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "|" and depth == 0:
-            return True
-    return False
 
 
 @cache
