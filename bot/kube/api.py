@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import SSLError
 
 from bot.kube.errors import (
     KubeConflict,
@@ -31,6 +33,7 @@ from bot.kube.errors import (
     PreviousLogGone,
 )
 from bot.kube.retry import RetryPolicy, is_transient, retry_after_seconds, transient_reason
+from bot.kube.wire import Transport
 
 log = logging.getLogger("bot.kube")
 
@@ -154,14 +157,28 @@ def list_query(label_selector: str | None = None, field_selector: str | None = N
     return [(key, value) for key, value in given if value is not None]
 
 
+def url_query(query: Query) -> str:
+    """`key=value&...` as the client wrote it (ApiClient.parameters_to_url_query): booleans in
+    lower case, each value quoted (a "/" kept), the keys as they are (ours are plain names)."""
+    return "&".join(f"{key}={quote(str(value).lower() if isinstance(value, bool) else str(value))}"
+                    for key, value in query)
+
+
+# Characters urllib.parse.quote never changes, whatever its `safe`: a path part made only of them
+# (a namespace, a pod's name: DNS labels) is its own quoting, and is not run through quote().
+UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
+
+
 class KubeApi:
     """Thin, explicit wrapper: one method per API call the bot makes (see bot/kube/rbac.py).
 
-    Requests go through the client's own lower layer (ApiClient.param_serialize + call_api): its
-    auth, TLS, proxy, timeouts and body encoding, as the generated methods use them, without the
-    generated methods' pydantic validation of every argument and their per-call header choice
-    (about 11 of a call's 250 us of CPU; the HTTP layer is most of the rest). The paths are written
-    once, in `_path`; the query parameters are sent in the generated client's order."""
+    Each request is built here (path, query, headers with the configuration's bearer token, the
+    body as JSON once) and sent on the client's own connection pool by bot.kube.wire: its TLS,
+    certificates, proxy and kept connections, without the generic layer's per-call walks over
+    the body and the headers and its email-package parsing of every answer's headers (a get_pod
+    took about 250 us of CPU that way, a third of it now; see benchmarks/bench_kube_call.py).
+    The paths are written once, in `_path`; the query parameters are sent in the generated
+    client's order. The pod watch and the pod proxy still go through the client's own layers."""
 
     def __init__(self, api_client: client.ApiClient, retry: RetryPolicy | None = None,
                  request_timeout: float = 30.0, patch_within: float | None = None):
@@ -169,6 +186,7 @@ class KubeApi:
         None: like any other call."""
         self.api_client = api_client
         self.host = str(getattr(api_client.configuration, "host", "") or "")  # named in unreachable errors
+        self.transport = Transport(api_client)  # the requests below, on the client's own pool
         self.core = client.CoreV1Api(api_client)  # for the pod watch: watch.Watch streams a generated method
         self.retry = retry or RetryPolicy()
         self.request_timeout = request_timeout
@@ -189,22 +207,39 @@ class KubeApi:
         for part in parts:
             if not isinstance(part, str):  # a forged object's name, say; never sent
                 raise ValueError(f"a Kubernetes API path part must be a string, not {type(part).__name__}: {part!r}")
-        return "/" + "/".join(quote(part, safe=safe) for part in parts)
+        return "/" + "/".join(part if UNRESERVED.fullmatch(part) else quote(part, safe=safe) for part in parts)
 
     def _send(self, method: str, path: str, query: Query, body: Any, content_type: str | None,
               timeout: float) -> bytes:
-        """One HTTP request, as the generated methods make it with _preload_content=False: the
-        answer's body, or ApiException (typed by its status) when it is not a 2xx."""
-        headers = dict(ACCEPT_JSON)  # a new dict and list each time: param_serialize adds to both
+        """One HTTP request, as the generated methods made it with _preload_content=False: the
+        answer's body, or ApiException (typed by its status) when it is not a 2xx. The body is
+        JSON written once, compactly (what the client's json.dumps wrote, without the spaces)."""
+        target = f"{path}?{url_query(query)}" if query else path
+        data = None if body is None else json.dumps(body, separators=(",", ":"),
+                                                    default=self.api_client.sanitize_for_serialization).encode()
+        try:
+            answer = self.transport.send(method, target, self._headers(content_type), data, timeout)
+        except SSLError as exc:  # as the client's rest.py reports a failed TLS handshake
+            raise ApiException(status=0, reason="\n".join([type(exc).__name__, str(exc)])) from None
+        if not 200 <= answer.status <= 299:
+            raise ApiException.from_response(http_resp=answer, body=None, data=None)
+        return answer.data
+
+    def _headers(self, content_type: str | None) -> list[tuple[str, str]]:
+        """Accept, Content-Type, the client's default headers (User-Agent) and cookie, and the
+        bearer token as the configuration gives it now: auth_settings() runs the refresh hook the
+        loaders install (in-cluster token rotation, exec plugins, expiring tokens) at every call."""
+        headers = dict(ACCEPT_JSON)
         if content_type is not None:
             headers["Content-Type"] = content_type
-        request = self.api_client.param_serialize(method, path, query_params=query, header_params=headers,
-                                                  body=body, auth_settings=AUTH_SETTINGS)
-        response = self.api_client.call_api(*request, _request_timeout=timeout)
-        data = response.read()
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        return data
+        headers.update(self.api_client.default_headers)
+        if self.api_client.cookie:
+            headers["Cookie"] = self.api_client.cookie
+        for name in AUTH_SETTINGS:
+            auth = self.api_client.configuration.auth_settings().get(name)
+            if auth and auth["in"] == "header" and auth["value"] is not None:
+                headers[auth["key"]] = auth["value"]
+        return list(headers.items())
 
     def _call(self, verb: str, resource: str, namespace: str | None, method: str, path: str,
               query: Query | None = None, body: Any = None, content_type: str | None = None,

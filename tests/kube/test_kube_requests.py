@@ -2,8 +2,9 @@
 (Accept, Content-Type, the bearer token from the configuration's refresh hook, as the in-cluster
 loader rotates it) and body. Against the API stand-in, which records every request as it arrived.
 
-KubeApi builds its requests itself (bot/kube/api.py) and sends them through the client's lower
-layer; these are the requests the generated client methods sent for the same calls."""
+KubeApi builds its requests itself (bot/kube/api.py) and sends them on the client's own connection
+pool (bot/kube/wire.py); these are the requests the generated client methods sent for the same
+calls, with the body's JSON written without spaces."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def expected_headers(kube: FakeKube, api: KubeApi, token: str, content_type: str
     if content_type is not None:
         headers["Content-Type"] = content_type
     if body is not None:
-        headers["Content-Length"] = str(len(json.dumps(body)))
+        headers["Content-Length"] = str(len(json.dumps(body, separators=(",", ":"))))  # JSON without spaces
     return headers
 
 
