@@ -1,50 +1,126 @@
-"""CPU of one Kubernetes API call in the calling thread: KubeApi.get_pod against the local API
-stand-in (tests/kubeapi), a bearer token through the configuration's refresh hook as loaded from a
-kubeconfig or in-cluster. The stand-in answers in its own threads, so thread_time counts only the
-bot's side: building the request, the client's HTTP layer, reading and parsing the answer.
+"""CPU of one Kubernetes API call in the calling thread, for the calls an alert makes: a read
+(KubeApi.get_pod) and the three that carry a body, replayed exactly as the bot sent them.
 
-Run: python benchmarks/bench_kube_call.py [--calls 2000] [--runs 5]
+The bodies are the bot's own: one new alert goes through the bot wired as `serve` wires it
+(bot.cli.wiring.build, as benchmarks/bench_cpu_alert.py), against the local API and Slack
+stand-ins (tests/kubeapi, tests/slackapi), and the requests the API stand-in recorded give the
+VLLMIncident the bot created (about 5 KB of JSON), the merge patch it updated it with, and the
+server-side dry run of its JSON Patch of the Deployment (`test` ops included). Each is then sent
+again through a KubeApi made from a kubeconfig with a bearer token, by the kubeconfig loader (its
+refresh hook runs at every call): the create under a new name each time, the update with the
+current resourceVersion (its precondition), the dry run as it was. The stand-in answers in its own
+threads, so time.thread_time counts only the bot's side: building the request, the HTTP layer,
+reading and parsing the answer.
+
+Run: python benchmarks/bench_kube_call.py [--calls 2000] [--runs 5] [--tree /work/main]
+(--tree: measure another checkout's bot/ with this same benchmark, e.g. main, for an A/B.)
+
+Measured 2026-12-03, 16:50-17:00 UTC, this branch (kubelean) against main d66dc9a by interleaved
+runs (A B A B A B, each `--runs 1 --calls 2000`, medians of the three), load average 1.4-2.6:
+see the commit and the table below, filled in at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from kubeapi.objects import crashing_deployment  # noqa: E402
-from kubeapi.server import FakeKube  # noqa: E402
-
-from bot.kube.api import KubeApi  # noqa: E402
-from bot.kube.retry import RetryPolicy  # noqa: E402
+KUBECONFIG = str(Path(tempfile.mkdtemp()) / "kubeconfig")
+os.environ["KUBECONFIG"] = KUBECONFIG  # the kubernetes package reads it once, at import
+HERE = Path(__file__).resolve().parents[1]
+GROUP, VERSION, PLURAL, INCIDENTS = "oncall.vllm.ai", "v1", "vllmincidents", "vllm-oncall"
+CALLS = ("get_pod", "create incident", "update incident", "dry-run JSON Patch")
 
 
-def one_run(calls: int) -> float:
-    """Median microseconds of CPU per get_pod, over `calls` calls after a warm-up."""
-    kube = FakeKube().start()
+def bot_requests(kube: Any, slack: Any) -> tuple[str, dict[str, Any], dict[str, Any], list[dict[str, Any]], str]:
+    """One new alert through the bot as `serve` wires it; (its pod, the incident it created, the
+    merge patch it updated the incident with, the JSON Patch it dry-ran on the Deployment, the
+    Deployment's name)."""
+    import bench_scale as scale
+    from builders import kubeconfig_for
+
+    from bot.app.records import AlertTarget
+    from bot.cli.settings import load_settings
+    from bot.cli.wiring import build
+
+    env = {"KUBECONFIG": kubeconfig_for(kube.url, Path(KUBECONFIG)), "VLLM_ONCALL_CLUSTER": "bench",
+           "SLACK_BOT_TOKEN": "xoxb-bench", "SLACK_SIGNING_SECRET": "s3", "SLACK_API_URL": slack.url,
+           "VLLM_ONCALL_SLACK_CHANNEL": "C0BENCH", "VLLM_ONCALL_APPROVERS": "U0A", "VLLM_ONCALL_STORE": "kube",
+           "VLLM_ONCALL_INCIDENT_NAMESPACE": INCIDENTS, "VLLM_ONCALL_CLUSTER_SOURCE": "kube",
+           "VLLM_ONCALL_DEFAULT_NAMESPACE": scale.NS, "VLLM_ONCALL_ALERT_TOKEN": scale.TOKEN,
+           "VLLM_ONCALL_SLACK_POST_INTERVAL": "0", "VLLM_ONCALL_SLACK_UPDATE_INTERVAL": "0",
+           "VLLM_ONCALL_LISTEN": "127.0.0.1:0"}
+    service = build(load_settings(env)).clusters[0].service
+    pod = scale.crashing(kube, "vllm-bench-000")
+    kube.requests.clear()
+    service.handle_alert(AlertTarget(namespace=scale.NS, pod=pod, container="vllm"))
+    custom = f"/apis/{GROUP}/{VERSION}/namespaces/{INCIDENTS}/{PLURAL}"
+
+    def body(method: str, where: Callable[[str], bool]) -> tuple[Any, str]:
+        found = [r for r in kube.requests if r.method == method and where(r.target)]
+        if not found:
+            raise SystemExit(f"the alert sent no {method} matching what this benchmark replays: "
+                             f"{[(r.method, r.target) for r in kube.requests]}")
+        return json.loads(found[0].body), found[0].target
+
+    created, _ = body("POST", lambda target: target == custom)
+    update, _ = body("PATCH", lambda target: target.startswith(custom + "/"))
+    ops, target = body("PATCH", lambda target: "/deployments/" in target and "dryRun=All" in target)
+    return pod, created, update, ops, target.split("/deployments/")[1].split("?")[0]
+
+
+def one_run(calls: int) -> dict[str, float]:
+    """Median microseconds of CPU per call of each kind, over `calls` calls after a warm-up."""
+    import bench_scale as scale
+
+    from bot.kube.api import KubeApi, api_client_from_environment
+    from bot.kube.retry import RetryPolicy
+
+    kube, slack = scale.FakeKube().start(), scale.SlackStandIn().start()
     try:
-        _, pod = crashing_deployment(kube)
-        api_client = kube.api_client()
-        api_client.configuration.api_key = {"authorization": "token"}
-        api_client.configuration.api_key_prefix = {"authorization": "Bearer"}
-        api_client.configuration.refresh_api_key_hook = lambda configuration: None
-        api = KubeApi(api_client, retry=RetryPolicy(attempts=1))
-        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        for _ in range(50):
-            api.get_pod(namespace, name)
-        costs = []
-        for _ in range(calls):
-            start = time.thread_time()
-            api.get_pod(namespace, name)
-            costs.append(time.thread_time() - start)
-        return statistics.median(costs) * 1e6
+        pod, created, update, ops, deployment = bot_requests(kube, slack)
+        api = KubeApi(api_client_from_environment(kubeconfig=KUBECONFIG), retry=RetryPolicy(attempts=1))
+        name = created["metadata"]["name"]
+        sizes = {"incident": len(json.dumps(created)), "update": len(json.dumps(update)), "ops": len(json.dumps(ops))}
+        count = iter(range(10 ** 9))
+        version = [str(api.get_custom(GROUP, VERSION, INCIDENTS, PLURAL, name)["metadata"]["resourceVersion"])]
+
+        def create() -> None:
+            created["metadata"]["name"] = f"{name}-{next(count)}"  # a new object each time
+            api.create_custom(GROUP, VERSION, INCIDENTS, PLURAL, created)
+
+        def patch() -> None:
+            update["metadata"]["resourceVersion"] = version[0]  # the compare-and-swap precondition
+            version[0] = api.patch_custom(GROUP, VERSION, INCIDENTS, PLURAL, name, update)["metadata"]["resourceVersion"]
+
+        kinds: dict[str, Callable[[], Any]] = {
+            "get_pod": lambda: api.get_pod(scale.NS, pod),
+            "create incident": create,
+            "update incident": patch,
+            "dry-run JSON Patch": lambda: api.patch_workload("Deployment", scale.NS, deployment, ops, dry_run=True)}
+        medians = {}
+        for kind, call in kinds.items():
+            for _ in range(50):
+                call()
+            costs = []
+            for _ in range(calls):
+                start = time.thread_time()
+                call()
+                costs.append(time.thread_time() - start)
+            medians[kind] = statistics.median(costs) * 1e6
+        print(f"bodies as the bot sent them, bytes of JSON: {sizes}", file=sys.stderr)
+        return medians
     finally:
+        slack.stop()
         kube.stop()
 
 
@@ -52,13 +128,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--tree", type=Path, default=HERE, help="the checkout whose bot/ is measured")
     args = parser.parse_args()
+    sys.path[:0] = [str(args.tree), str(args.tree / "tests"), str(args.tree / "benchmarks")]
+    logging.basicConfig(level=logging.ERROR)
     runs = []
     for run in range(args.runs):
         runs.append(one_run(args.calls))
-        print(f"run {run + 1}: {runs[-1]:.0f} us per get_pod", file=sys.stderr)
-    print(f"CPU per get_pod, calling thread ({args.runs} runs of {args.calls}, median; load average "
-          f"{os.getloadavg()[0]:.1f}): {statistics.median(runs):.0f} us")
+        print(f"run {run + 1}: " + ", ".join(f"{kind} {runs[-1][kind]:.0f} us" for kind in CALLS), file=sys.stderr)
+    print(f"CPU per call, calling thread ({args.tree}, {args.runs} runs of {args.calls}, median; load average "
+          f"{os.getloadavg()[0]:.1f}): " + ", ".join(f"{kind} {statistics.median(r[kind] for r in runs):.0f} us"
+                                                     for kind in CALLS))
     return 0
 
 

@@ -51,12 +51,18 @@ HEADER_NAME = re.compile(r"[^:\s][^:\r\n]*")
 
 @dataclass(frozen=True)
 class Answer:
-    """An HTTP answer: status, reason, headers, body (what the client's ApiException reads of one)."""
+    """An HTTP answer: status, reason, header lines, body (what the client's ApiException reads of one)."""
 
     status: int
     reason: str
-    headers: urllib3.HTTPHeaderDict
+    header_lines: tuple[tuple[str, str], ...]
     data: bytes
+
+    @property
+    def headers(self) -> urllib3.HTTPHeaderDict:
+        """Case-insensitive, as urllib3 gave them (Retry-After is read from here); built only when
+        asked, for an error: a 2xx answer's headers are never read."""
+        return urllib3.HTTPHeaderDict(self.header_lines)
 
 
 def request_head(method: str, target: str, host: str, headers: Iterable[tuple[str, str]],
@@ -90,25 +96,38 @@ class Transport:
         self.api_client = api_client
         self.pool_manager = api_client.rest_client.pool_manager
         self.own_framing = type(self.pool_manager) is urllib3.PoolManager  # no proxy in between
+        self._server: tuple[str, Any, str] | None = None  # (the configured host, its pool, its path)
 
     def send(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes | None,
              timeout: float) -> Answer:
         """The answer to one request (`path` with its query), whatever its status."""
-        url = self.api_client.configuration.host + path
         if self.own_framing:
-            return self._exchange(method, url, path, headers, body, timeout)
-        return self._through_urllib3(method, url, headers, body, timeout)
+            return self._exchange(method, path, headers, body, timeout)
+        return self._through_urllib3(method, self.api_client.configuration.host + path, headers, body, timeout)
+
+    def _pool(self) -> tuple[Any, str]:
+        """The pool for the configured host, as urlopen would choose it, and the host's own path
+        (a server URL such as https://rancher.example/k8s/clusters/c-1 puts its path before every
+        request's). Looked up again when the host changes or the client closed its pools."""
+        host = self.api_client.configuration.host
+        server = self._server
+        if server is None or server[0] != host or server[1].pool is None:
+            url = urllib3.util.parse_url(host)
+            server = (host, self.pool_manager.connection_from_url(host), url.path or "")
+            self._server = server
+        return server[1], server[2]
 
     def _through_urllib3(self, method: str, url: str, headers: list[tuple[str, str]], body: bytes | None,
                          timeout: float) -> Answer:
         """urllib3's request path, as the client's rest.py takes it (a proxy's pool manager)."""
         response = self.pool_manager.request(method, url, body=body, headers=dict(headers),
                                              timeout=urllib3.Timeout(total=timeout))
-        return Answer(response.status, response.reason or "", response.headers, response.data)
+        return Answer(response.status, response.reason or "", tuple(response.headers.items()), response.data)
 
-    def _exchange(self, method: str, url: str, target: str, headers: list[tuple[str, str]], body: bytes | None,
+    def _exchange(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes | None,
                   timeout: float) -> Answer:
-        pool = self.pool_manager.connection_from_url(url)
+        pool, prefix = self._pool()
+        target = prefix + path
         # urllib3's own hand-over of pooled connections (what urlopen calls): a dropped keep-alive
         # connection is replaced, a full pool discards, and every slot taken is given back.
         conn = pool._get_conn()
@@ -169,21 +188,24 @@ def _read_answer(sock: socket.socket, method: str) -> tuple[Answer, bool]:
         while status == 100:  # 100 Continue: the real answer follows
             _header_lines(stream)
             version, status, reason = _status_line(stream)
-        headers = _header_lines(stream)
-        closes = _will_close(version, headers)
+        lines = _header_lines(stream)
+        framing: dict[str, str] = {}  # lower-case name -> its first value, as http.client's Message.get reads it
+        for name, value in lines:
+            framing.setdefault(name.lower(), value)
+        closes = _will_close(version, framing)
         if status in (204, 304) or 100 <= status < 200 or method == "HEAD":
             data = b""
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
+        elif "chunked" in framing.get("transfer-encoding", "").lower():
             data = _chunked_body(stream)
         else:
-            length = _content_length(headers)
+            length = _content_length(framing.get("content-length"))
             if length is None:
                 data, closes = stream.read(), True  # to the close: nothing else can follow
             else:
                 data = stream.read(length)
                 if len(data) < length:
                     raise http.client.IncompleteRead(data, length - len(data))
-    return Answer(status, reason, headers, _decoded(data, headers)), not closes
+    return Answer(status, reason, lines, _decoded(data, framing.get("content-encoding"))), not closes
 
 
 def _status_line(stream: Any) -> tuple[str, int, str]:
@@ -198,54 +220,48 @@ def _status_line(stream: Any) -> tuple[str, int, str]:
     return parts[0], int(parts[1]), parts[2].strip() if len(parts) == 3 else ""
 
 
-def _header_lines(stream: Any) -> urllib3.HTTPHeaderDict:
-    """The answer's headers up to the blank line (a folded line continues the one before)."""
-    headers = urllib3.HTTPHeaderDict()
-    last: tuple[str, str] | None = None
+def _header_lines(stream: Any) -> tuple[tuple[str, str], ...]:
+    """The answer's headers up to the blank line, in order (a folded line continues the one before)."""
+    lines: list[tuple[str, str]] = []
     for _ in range(MAX_HEADERS + 1):
         line = stream.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
             raise http.client.LineTooLong("header line")
         if line in (b"\r\n", b"\n", b""):
-            if last is not None:
-                headers.add(*last)
-            return headers
+            return tuple(lines)
         text = line.decode("iso-8859-1")
-        if text[0] in " \t" and last is not None:
-            last = (last[0], f"{last[1]} {text.strip()}")
+        if text[0] in " \t" and lines:
+            lines[-1] = (lines[-1][0], f"{lines[-1][1]} {text.strip()}")
             continue
-        if last is not None:
-            headers.add(*last)
         name, colon, value = text.partition(":")
         if not colon:
             raise http.client.HTTPException(f"not a header line: {text.rstrip()!r}")
-        last = (name.strip(), value.strip())
+        lines.append((name.strip(), value.strip()))
     raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
 
 
-def _will_close(version: str, headers: urllib3.HTTPHeaderDict) -> bool:
+def _will_close(version: str, framing: dict[str, str]) -> bool:
     """http.client's rule: HTTP/1.1 keeps the connection unless told to close; 1.0 closes unless
     told to keep it."""
-    connection = headers.get("connection", "").lower()
+    connection = framing.get("connection", "").lower()
     if version != "HTTP/1.0":
         return "close" in connection
-    return not ("keep-alive" in connection or "keep-alive" in headers
-                or "keep-alive" in headers.get("proxy-connection", "").lower())
+    return not ("keep-alive" in connection or "keep-alive" in framing
+                or "keep-alive" in framing.get("proxy-connection", "").lower())
 
 
-def _content_length(headers: urllib3.HTTPHeaderDict) -> int | None:
-    value = headers.get("content-length")
+def _content_length(value: str | None) -> int | None:
     if value is None:
         return None
     try:
-        length = int(value.split(",")[0])
+        length = int(value)
     except ValueError:
         return None
     return length if length >= 0 else None
 
 
 def _chunked_body(stream: Any) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         line = stream.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
@@ -265,10 +281,10 @@ def _chunked_body(stream: Any) -> bytes:
     return b"".join(parts)
 
 
-def _decoded(data: bytes, headers: urllib3.HTTPHeaderDict) -> bytes:
+def _decoded(data: bytes, content_encoding: str | None) -> bytes:
     """The body as urllib3 decodes it: every request asks for identity, so a coded body is only
     a server that ignored that; gzip and deflate are undone, as urllib3 would."""
-    coding = headers.get("content-encoding", "identity").lower().strip()
+    coding = (content_encoding or "identity").lower().strip()
     if coding in ("", "identity") or not data:
         return data
     try:
