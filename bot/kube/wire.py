@@ -131,7 +131,7 @@ class Transport:
         # urllib3's own hand-over of pooled connections (what urlopen calls): a dropped keep-alive
         # connection is replaced, a full pool discards, and every slot taken is given back.
         conn = pool._get_conn()
-        reusable = False
+        reusable: bool | None = None  # None until an answer was read whole
         read_timeout = timeout
         try:
             if conn.is_closed:
@@ -154,11 +154,13 @@ class Transport:
         except (TimeoutError, OSError, http.client.HTTPException, ssl.SSLError, CertificateError, SSLError) as exc:
             raise _as_client_error(exc, pool, target, read_timeout) from exc
         finally:
-            if reusable:
-                pool._put_conn(conn)
-            else:
+            if reusable is None:  # failed: urlopen gives the slot back for a new connection
                 conn.close()
-                pool._put_conn(None)  # the slot, for a new connection
+                pool._put_conn(None)
+            else:  # answered: kept open, or closed as the answer said (connected again when next taken)
+                if not reusable:
+                    conn.close()
+                pool._put_conn(conn)
 
 
 def _write(sock: socket.socket, data: bytes) -> None:
@@ -217,6 +219,8 @@ def _status_line(stream: Any) -> tuple[str, int, str]:
     parts = line.decode("iso-8859-1").split(None, 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit() or len(parts[1]) != 3:
         raise http.client.BadStatusLine(line.decode("iso-8859-1").rstrip("\r\n"))
+    if parts[0] not in ("HTTP/1.0", "HTTP/0.9") and not parts[0].startswith("HTTP/1."):
+        raise http.client.UnknownProtocol(parts[0])
     return parts[0], int(parts[1]), parts[2].strip() if len(parts) == 3 else ""
 
 
@@ -244,7 +248,7 @@ def _will_close(version: str, framing: dict[str, str]) -> bool:
     """http.client's rule: HTTP/1.1 keeps the connection unless told to close; 1.0 closes unless
     told to keep it."""
     connection = framing.get("connection", "").lower()
-    if version != "HTTP/1.0":
+    if version not in ("HTTP/1.0", "HTTP/0.9"):
         return "close" in connection
     return not ("keep-alive" in connection or "keep-alive" in framing
                 or "keep-alive" in framing.get("proxy-connection", "").lower())
@@ -273,7 +277,7 @@ def _chunked_body(stream: Any) -> bytes:
         if size == 0:
             break
         chunk = stream.read(size)
-        if len(chunk) < size or stream.read(2) != b"\r\n":
+        if len(chunk) < size or len(stream.read(2)) < 2:  # the chunk and its CRLF
             raise http.client.IncompleteRead(b"".join(parts) + chunk)
         parts.append(chunk)
     while stream.readline(MAX_LINE + 1) not in (b"\r\n", b"\n", b""):  # trailers, ignored as urllib3 does

@@ -138,7 +138,8 @@ def test_a_100_continue_and_a_gzip_body_are_read_as_urllib3_read_them(server):
     Say(None),  # closed without an answer (a kept connection the server dropped)
     Say(http("200 OK")[:-5], close=True),  # fewer bytes than its Content-Length
     Say(b"SPDY/3 200 OK\r\n\r\n", close=True),  # not an HTTP status line
-], ids=["no answer", "short body", "garbled status line"])
+    Say(b"HTTP/2.0 200 OK\r\n\r\n", close=True),  # not HTTP/1.x
+], ids=["no answer", "short body", "garbled status line", "another protocol"])
 def test_a_broken_answer_is_a_protocol_error_retried_then_unavailable(server, broken):
     server.script += [broken, broken]
     waits: list[float] = []
