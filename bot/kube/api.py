@@ -176,7 +176,7 @@ class KubeApi:
     body as JSON once) and sent on the client's own connection pool by bot.kube.wire: its TLS,
     certificates, proxy and kept connections, without the generic layer's per-call walks over
     the body and the headers and its email-package parsing of every answer's headers (a get_pod
-    took about 250 us of CPU that way, a third of it now; see benchmarks/bench_kube_call.py).
+    took 264 us of CPU that way on a quiet machine, 125 us now; see benchmarks/bench_kube_call.py).
     The paths are written once, in `_path`; the query parameters are sent in the generated
     client's order. The pod watch and the pod proxy still go through the client's own layers."""
 
