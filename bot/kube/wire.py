@@ -134,13 +134,12 @@ class Transport:
         reusable: bool | None = None  # None until an answer was read whole
         read_timeout = timeout
         try:
+            started = time.monotonic() if conn.is_closed else None
+            conn.timeout = timeout  # to connect
+            pool._validate_conn(conn)  # as urlopen at every request: HTTPS connects here, warns when unverified
             if conn.is_closed:
-                started = time.monotonic()
-                conn.timeout = timeout
-                pool._validate_conn(conn)  # HTTPS: connects, warns when unverified
-                if conn.is_closed:
-                    conn.connect()
-                # urllib3's Timeout(total=...): what the connection took is not read for
+                conn.connect()
+            if started is not None:  # urllib3's Timeout(total=...): the time connecting is not read for
                 read_timeout = timeout - (time.monotonic() - started)
                 if read_timeout <= 0:
                     raise ReadTimeoutError(pool, target, f"Read timed out. (read timeout={read_timeout})")

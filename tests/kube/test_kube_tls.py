@@ -8,9 +8,11 @@ from __future__ import annotations
 import base64
 import ssl
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
+import urllib3
 import yaml
 from builders import require
 from kubeapi.objects import crashing_deployment
@@ -99,3 +101,39 @@ def test_without_the_client_certificate_the_server_is_not_reached(kube, pki):
         api.get_node("gpu-node-1")
     assert info.value.status == 0
     assert kube.requests == []
+
+
+def test_a_server_certificate_the_kubeconfigs_ca_did_not_sign_is_refused(kube, pki, tmp_path):
+    # The kubeconfig trusts another CA only: the handshake fails on the client's verification,
+    # before any request is written.
+    other = tmp_path / "other"
+    other.mkdir()
+    issue(other, "ca", "/CN=another-ca", None)
+    (pki / "trusted.crt").write_bytes((other / "ca.crt").read_bytes())
+    server = f"https://127.0.0.1:{kube.http.port}"
+    user = {"client-certificate-data": data(pki / "client.crt"), "client-key-data": data(pki / "client.key")}
+    path = Path(kubeconfig(pki, server, user))
+    config = yaml.safe_load(path.read_text())
+    config["clusters"][0]["cluster"]["certificate-authority-data"] = data(pki / "trusted.crt")
+    path.write_text(yaml.safe_dump(config))
+    api = KubeApi(api_client_from_environment(kubeconfig=str(path)), retry=RetryPolicy(attempts=1))
+    with pytest.raises(KubeError, match="CERTIFICATE_VERIFY_FAILED") as info:
+        api.get_pod("inference", "x")
+    assert info.value.status == 0
+    assert kube.requests == []
+
+
+def test_without_verification_every_request_warns_as_urllib3_does(kube, pki):
+    _, pod = crashing_deployment(kube)
+    server = f"https://127.0.0.1:{kube.http.port}"
+    user = {"client-certificate-data": data(pki / "client.crt"), "client-key-data": data(pki / "client.key")}
+    path = Path(kubeconfig(pki, server, user))
+    config = yaml.safe_load(path.read_text())
+    config["clusters"][0]["cluster"] = {"server": server, "insecure-skip-tls-verify": True}
+    path.write_text(yaml.safe_dump(config))
+    api = KubeApi(api_client_from_environment(kubeconfig=str(path)), retry=RetryPolicy(attempts=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # the second on the kept connection
+            api.get_pod("inference", pod["metadata"]["name"])
+    assert [w.category for w in caught] == [urllib3.exceptions.InsecureRequestWarning] * 2
