@@ -12,8 +12,10 @@ the answer is read with the framing HTTP/1.1 defines (Content-Length, chunked, o
 What makes the connection is untouched: the pool, its connections and their `connect()` are the
 ones the client configured from the kubeconfig or the service account (TLS version and
 verification, CA, client certificate, server name, socket options, the 80 kept connections).
-A client whose pool manager is not the plain PoolManager (an HTTP or SOCKS proxy) is sent
-through urllib3's own request path instead, so proxying is urllib3's alone.
+A connection is taken and given back with the pool's own methods, the ones urlopen calls
+(_get_conn, _validate_conn, _put_conn: in urllib3 since 1.x, its connections' is_closed since 2.0).
+A client whose pool manager is not the plain PoolManager (an HTTP or SOCKS proxy), or an urllib3
+older than 2, is sent through urllib3's own request path instead: proxying is urllib3's alone.
 
 Failures leave as urllib3's urlopen raised them, so bot.kube.api translates the same exceptions
 as before: a timeout reading is a ReadTimeoutError, a dropped or garbled connection a
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import urllib3
+from urllib3._collections import HTTPHeaderDict  # where urllib3 1.26 and 2.x both keep it
 from urllib3.exceptions import ProtocolError, ReadTimeoutError, SSLError
 from urllib3.util.ssl_match_hostname import CertificateError
 
@@ -47,6 +50,7 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # plugin or a forged object never reaches the wire with a line break in it.
 LINE_BREAK = re.compile(r"[\r\n]")
 HEADER_NAME = re.compile(r"[^:\s][^:\r\n]*")
+URLLIB3_MAJOR = int(urllib3.__version__.split(".")[0])
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,10 @@ class Answer:
     data: bytes
 
     @property
-    def headers(self) -> urllib3.HTTPHeaderDict:
+    def headers(self) -> HTTPHeaderDict:
         """Case-insensitive, as urllib3 gave them (Retry-After is read from here); built only when
         asked, for an error: a 2xx answer's headers are never read."""
-        return urllib3.HTTPHeaderDict(self.header_lines)
+        return HTTPHeaderDict(self.header_lines)
 
 
 def request_head(method: str, target: str, host: str, headers: Iterable[tuple[str, str]],
@@ -95,7 +99,7 @@ class Transport:
     def __init__(self, api_client: Any):
         self.api_client = api_client
         self.pool_manager = api_client.rest_client.pool_manager
-        self.own_framing = type(self.pool_manager) is urllib3.PoolManager  # no proxy in between
+        self.own_framing = type(self.pool_manager) is urllib3.PoolManager and URLLIB3_MAJOR >= 2  # no proxy
         self._server: tuple[str, Any, str] | None = None  # (the configured host, its pool, its path)
 
     def send(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes | None,
