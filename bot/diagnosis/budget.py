@@ -24,7 +24,7 @@ import re
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from bot.diagnosis.catalogue import (
     DTYPE_BYTES,
@@ -35,6 +35,7 @@ from bot.diagnosis.catalogue import (
     quant_from_flag,
 )
 from bot.diagnosis.gpus import GpuGrant
+from bot.diagnosis.models import Frozen, empty_dict, empty_list
 from bot.support.memo import kept_for_short_texts
 
 GIB = 2**30
@@ -44,10 +45,6 @@ STAGES = ("scheduling", "startup", "nccl_init", "weights", "profiling", "kv_sizi
 NON_TORCH_DEFAULT_GIB = 0.5  # CUDA context and allocator slack of one process, single GPU
 NCCL_EXTRA_GIB = 0.5  # NCCL and custom all-reduce buffers once there is more than one rank
 GRAPH_DEFAULT_GIB = {"v0": 1.0, "v1": 0.5}  # piecewise V1 graphs are smaller than V0's full graphs
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Figure(Frozen):
@@ -110,8 +107,9 @@ class LogFigures(Frozen):
 
 
 class BudgetInputs(Frozen):
-    log: LogFigures = Field(default_factory=LogFigures)
-    ran: Config = Field(default_factory=Config)
+    # lambdas, not the classes: pydantic would build each class's signature to inspect it (models.py)
+    log: LogFigures = Field(default_factory=lambda: LogFigures())
+    ran: Config = Field(default_factory=lambda: Config())
     model: ModelSpec | None = None
     gpus: GpuGrant | None = None
 
@@ -164,9 +162,9 @@ class Fit(Frozen):
     max_len_that_fits: int | None = None
     kv_source: KvSource = KvSource.NONE  # where kv_available_gib comes from
     tokens_source: KvSource = KvSource.NONE  # where max_len_that_fits comes from
-    checks: list[StageCheck] = Field(default_factory=list)
-    figures: dict[str, Figure] = Field(default_factory=dict)
-    assumptions: list[str] = Field(default_factory=list)  # figures that are defaults or estimates
+    checks: list[StageCheck] = Field(default_factory=empty_list)
+    figures: dict[str, Figure] = Field(default_factory=empty_dict)
+    assumptions: list[str] = Field(default_factory=empty_list)  # figures that are defaults or estimates
 
     @property
     def fits(self) -> bool:

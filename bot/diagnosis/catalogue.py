@@ -20,9 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from bot.diagnosis.models import revised
+from bot.diagnosis.models import Frozen, revised
 from bot.support import yamlload
 from bot.support.memo import kept_for_short_texts
 from bot.support.regex_text import top_level_alternative
@@ -37,10 +35,6 @@ DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "fp32": 4.0, "float16": 2.0, "half"
 
 class CatalogueError(Exception):
     """A config.json or catalogue file that cannot be read (one line, no traceback)."""
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class QuantSpec(Frozen):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from bot.diagnosis.diagnose import diagnose
 from bot.diagnosis.evidence import load_bundle
-from bot.diagnosis.models import BundleError, Change, DiagnosisResult
+from bot.diagnosis.models import BundleError, Change, DiagnosisResult, empty_list
 from bot.diagnosis.vllm_versions import version_key
 
 Accelerator = Literal["nvidia", "amd", "intel", "ascend", "tpu", "gaudi", "other"]
@@ -62,7 +62,7 @@ class Lever(BaseModel):
 
 class Expected(BaseModel):
     cause: str | None
-    levers: list[Lever] = Field(default_factory=list)
+    levers: list[Lever] = Field(default_factory=empty_list)
     max_model_len_at_most: int | None = None
     evidence_in_log: bool = True
     vllm_version: str | None = None

@@ -17,20 +17,14 @@ label, the MIG profile name, the product catalogue below.
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from bot.diagnosis import accelerators
 from bot.diagnosis.evidence import pick_container
-from bot.diagnosis.models import revised
+from bot.diagnosis.models import Frozen, revised
 
 MemorySource = Literal["log", "node label", "MIG profile", "catalogue", "unknown"]
 ComputeSource = Literal["node label", "catalogue", "GPU family", "unknown"]
 
 MIB_PER_GIB = 1024
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class GpuGrant(Frozen):

@@ -51,7 +51,7 @@ from bot.diagnosis.logformats import (  # noqa: F401  (re-exported: the formats'
     to_gib,
     to_int,
 )
-from bot.diagnosis.models import LogText
+from bot.diagnosis.models import LogText, empty_dict, empty_list
 
 CHUNK_BYTES = 2 * 1024 * 1024
 REPEATS_PARSED = 50  # a line shape seen more often than this is noise (request logs, retries)
@@ -80,13 +80,13 @@ class LogFacts(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    facts: dict[str, Fact] = Field(default_factory=dict)
-    markers: dict[str, int] = Field(default_factory=dict)  # stage marker -> first line number
-    frame_stages: list[str] = Field(default_factory=list)  # stages named by traceback frames
-    errors: list[Fact] = Field(default_factory=list)  # exception lines, in order
-    hit_lines: list[tuple[int, str]] = Field(default_factory=list)  # lines holding a keyword
-    head: list[str] = Field(default_factory=list)
-    tail: list[str] = Field(default_factory=list)
+    facts: dict[str, Fact] = Field(default_factory=empty_dict)
+    markers: dict[str, int] = Field(default_factory=empty_dict)  # stage marker -> first line number
+    frame_stages: list[str] = Field(default_factory=empty_list)  # stages named by traceback frames
+    errors: list[Fact] = Field(default_factory=empty_list)  # exception lines, in order
+    hit_lines: list[tuple[int, str]] = Field(default_factory=empty_list)  # lines holding a keyword
+    head: list[str] = Field(default_factory=empty_list)
+    tail: list[str] = Field(default_factory=empty_list)
     line_count: int = 0
     byte_count: int = 0
     binary: bool = False

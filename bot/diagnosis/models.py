@@ -31,7 +31,23 @@ def revised(record: M, **changes: Any) -> M:
 
 
 class Frozen(BaseModel):
+    """The base of every record in bot.diagnosis: immutable, no unknown fields. One base for all
+    the modules: building a model class costs start-up time even without fields (issue 20)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# A field's default factory: pydantic reads its signature when it builds the model, to see whether
+# it takes the validated data. A plain function's signature comes from its code object; the
+# builtins `list` and `dict` have theirs parsed from text by tokenize (0.13 ms a field, the first
+# also compiling tokenize's pattern: 1.4 ms), a model class has its whole signature built. With
+# these, a diagnose of a small log runs 1.6% fewer instructions (issue 20).
+def empty_list() -> list[Any]:
+    return []
+
+
+def empty_dict() -> dict[Any, Any]:
+    return {}
 
 
 class Change(Frozen):
@@ -65,7 +81,7 @@ class Evidence(Frozen):
     log: LogText
     pod: dict[str, Any] | None = None
     node: dict[str, Any] | None = None
-    events: list[dict[str, Any]] = Field(default_factory=list)
+    events: list[dict[str, Any]] = Field(default_factory=empty_list)
     container: str | None = None  # the crashed container; None = the first vLLM-looking one
     source: str = ""  # bundle folder or "namespace/pod" for humans
 
@@ -77,10 +93,10 @@ class ContainerView(Frozen):
     image: str = ""
     command: list[str] | None = None
     args: list[str] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
-    requests: dict[str, str] = Field(default_factory=dict)
-    mounts: dict[str, str] = Field(default_factory=dict)  # mountPath -> volume name
+    env: dict[str, str] = Field(default_factory=empty_dict)
+    limits: dict[str, str] = Field(default_factory=empty_dict)
+    requests: dict[str, str] = Field(default_factory=empty_dict)
+    mounts: dict[str, str] = Field(default_factory=empty_dict)  # mountPath -> volume name
     has_liveness_probe: bool = False
     has_startup_probe: bool = False
     liveness_budget_seconds: int | None = None  # initialDelay + period * failureThreshold
@@ -99,8 +115,8 @@ class PodView(Frozen):
     host_ipc: bool = False
     owner_kind: str | None = None
     owner_name: str | None = None
-    event_reasons: list[str] = Field(default_factory=list)
-    event_messages: list[str] = Field(default_factory=list)
+    event_reasons: list[str] = Field(default_factory=empty_list)
+    event_messages: list[str] = Field(default_factory=empty_list)
 
 
 class NodeView(Frozen):
@@ -132,7 +148,7 @@ class Finding(Frozen):
     kind: FindingKind
     title: str
     text: str
-    changes: list[Change] = Field(default_factory=list)
+    changes: list[Change] = Field(default_factory=empty_list)
 
 
 class AdviceKind(StrEnum):
@@ -152,7 +168,7 @@ class Advice(Frozen):
 
     kind: AdviceKind
     text: str
-    changes: list[Change] = Field(default_factory=list)
+    changes: list[Change] = Field(default_factory=empty_list)
     yaml: str | None = None
 
 
@@ -170,23 +186,23 @@ class DiagnosisResult(Frozen):
     cause: str | None
     title: str
     explanation: str
-    evidence: list[str] = Field(default_factory=list)
-    changes: list[Change] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=empty_list)
+    changes: list[Change] = Field(default_factory=empty_list)
     confidence: Literal["high", "medium", "low"] = "high"
     stage: str | None = None
     memory_picture: str = ""
-    advice: list[Advice] = Field(default_factory=list)  # what would work but is no change to this pod: no button
+    advice: list[Advice] = Field(default_factory=empty_list)  # what would work but is no change to this pod: no button
     alternative: str = ""  # the answer to the obvious alternative to the change, from the same budget
-    findings: list[Finding] = Field(default_factory=list)  # pod-spec faults beside the primary cause
-    command_before: list[str] = Field(default_factory=list)  # full argv as the container runs it
-    command_after: list[str] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=empty_list)  # pod-spec faults beside the primary cause
+    command_before: list[str] = Field(default_factory=empty_list)  # full argv as the container runs it
+    command_after: list[str] = Field(default_factory=empty_list)
     container: str | None = None
     pod: str | None = None
     namespace: str | None = None
     node: str | None = None
     gpu: str | None = None
     restarts: int | None = None
-    facts: dict[str, Any] = Field(default_factory=dict)
+    facts: dict[str, Any] = Field(default_factory=empty_dict)
 
     @field_validator("advice", mode="before")
     @classmethod

@@ -38,7 +38,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -47,7 +46,7 @@ from pydantic import (
     model_validator,
 )
 
-from bot.diagnosis.models import ChangeKind
+from bot.diagnosis.models import ChangeKind, Frozen, empty_dict, empty_list
 from bot.support import yamlload
 
 log = logging.getLogger(__name__)
@@ -68,11 +67,7 @@ class PlaybookError(Exception):
     """A playbook file that cannot be used; the message names the file and the field."""
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Condition(Strict):
+class Condition(Frozen):
     log: str | None = None
     literal: str | None = None
     signal: str | None = None
@@ -271,11 +266,11 @@ def check_params(formula: str, params: dict[str, Any]) -> dict[str, Any]:
     return {k: float(v) if known[k].type is float else v for k, v in params.items()}
 
 
-class ChangeSpec(Strict):
+class ChangeSpec(Frozen):
     kind: ChangeKind
     name: str
     value: str  # formula name in bot.diagnosis.formulas
-    params: dict[str, Any] = Field(default_factory=dict)  # the formula's keyword parameters
+    params: dict[str, Any] = Field(default_factory=empty_dict)  # the formula's keyword parameters
     optional: bool = False  # when the formula has nothing to change, the rest of the fix still stands
     min: float | None = None
     max: float | None = None
@@ -318,14 +313,14 @@ def _check_quantity(value: str, name: str) -> None:
         raise ValueError(f"{value!r} is not a Kubernetes quantity for {name} (such as 64Gi or 2)")
 
 
-class Fix(Strict):
+class Fix(Frozen):
     """One way to fix the cause; the first fix whose values can all be computed is proposed."""
 
     changes: list[ChangeSpec] = Field(min_length=1)
     note: str | None = None
 
 
-class Playbook(Strict):
+class Playbook(Frozen):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     title: str
     summary: str  # one line for `/vllm playbooks`
@@ -333,8 +328,8 @@ class Playbook(Strict):
     confidence: Literal["high", "medium", "low"] = "high"
     when: list[Condition] = Field(min_length=1)
     explanation: str
-    evidence: list[SignalName] = Field(default_factory=list)  # signals whose source lines to show
-    fixes: list[Fix] = Field(default_factory=list)
+    evidence: list[SignalName] = Field(default_factory=empty_list)  # signals whose source lines to show
+    fixes: list[Fix] = Field(default_factory=empty_list)
     source: str = ""  # the file it came from
 
     @field_validator("explanation")
