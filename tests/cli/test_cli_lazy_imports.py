@@ -4,6 +4,7 @@ after building the parser and printing the help, not by timing it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -74,3 +75,33 @@ def test_one_shot_commands_freeze_what_they_imported_and_leave_the_collector_on(
         code, enabled, frozen = collector_after(*argv)
         assert (code, enabled) == (want, True), argv
         assert frozen > 10_000, (argv, frozen)  # pydantic's and the diagnosis's objects, not a handful
+
+
+METADATA_PROBE = """
+import contextlib, io, sys
+from bot.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    code = main(sys.argv[1:])
+print(code, "importlib.metadata" in sys.modules, type(sys.modules["pydantic.plugin._loader"].get_plugins()).__name__)
+"""
+
+
+def diagnose_loads_metadata(log, plugins_setting: str | None) -> tuple[str, str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    if plugins_setting is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = plugins_setting
+    done = subprocess.run([sys.executable, "-c", METADATA_PROBE, "diagnose", "--log", str(log)], env=env,
+                          capture_output=True, text=True, check=True)
+    code, loaded, plugins = done.stdout.split()[-3:]
+    return code, loaded, plugins
+
+
+def test_one_shot_commands_skip_pydantic_plugin_loader_only_when_plugins_are_off(tmp_path):
+    """With plugins off (the default for one-shot commands, or the user's own "1"), pydantic's
+    plugin loader, which imports importlib.metadata, is never imported (bot.cli._no_plugin_loader);
+    with only some plugins disabled, pydantic's own loader runs its search."""
+    log = tmp_path / "x.log"
+    log.write_text("INFO 06-01 10:00:00 [api_server.py:1] vLLM API server version 0.10.1\n")
+    assert diagnose_loads_metadata(log, None) == ("0", "False", "tuple")
+    assert diagnose_loads_metadata(log, "1") == ("0", "False", "tuple")
+    assert diagnose_loads_metadata(log, "some_plugin") == ("0", "True", "dict_values")
