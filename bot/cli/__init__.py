@@ -167,38 +167,50 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+OWN_COMMANDS = ("diagnose", "eval", "playbooks")  # the commands this module defines
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; or, for one of OWN_COMMANDS, that command's alone (the one a run
+    names: its help and errors are the same). argparse makes a help formatter for each argument
+    it adds, so the other eleven commands' parsers were 1.3% of a small log's diagnose (issue 20)."""
     parser = argparse.ArgumentParser(prog="vllm-oncall", description="Diagnose vLLM start-up crashes on Kubernetes.")
     parser.add_argument("--version", action=_VersionAction, help="show program's version number and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("diagnose", help="diagnose an evidence bundle folder (or a log file)")
-    p.add_argument("bundle", nargs="?", help="folder with previous.log and optional pod.yaml, node.yaml, events.yaml")
-    p.add_argument("--log", help="a log file alone")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    cli_books.add_option(p)
-    p.set_defaults(func=cmd_diagnose)
+    if command in (None, "diagnose"):
+        p = sub.add_parser("diagnose", help="diagnose an evidence bundle folder (or a log file)")
+        p.add_argument("bundle", nargs="?",
+                       help="folder with previous.log and optional pod.yaml, node.yaml, events.yaml")
+        p.add_argument("--log", help="a log file alone")
+        p.add_argument("--format", choices=["text", "json"], default="text")
+        cli_books.add_option(p)
+        p.set_defaults(func=cmd_diagnose)
 
-    p = sub.add_parser("eval", help="score the diagnoser on a folder of labelled bundles")
-    p.add_argument("corpus")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.add_argument("--min-right", type=int, help="exit 1 when fewer causes are right")
-    p.add_argument("--strict", action="store_true", help="exit 1 on any wrong confident fix")
-    cli_books.add_option(p)
-    p.set_defaults(func=cmd_eval)
+    if command in (None, "eval"):
+        p = sub.add_parser("eval", help="score the diagnoser on a folder of labelled bundles")
+        p.add_argument("corpus")
+        p.add_argument("--format", choices=["text", "json"], default="text")
+        p.add_argument("--min-right", type=int, help="exit 1 when fewer causes are right")
+        p.add_argument("--strict", action="store_true", help="exit 1 on any wrong confident fix")
+        cli_books.add_option(p)
+        p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("playbooks", help="list the causes and what each may change")
-    cli_books.add_option(p)
-    p.set_defaults(func=cmd_playbooks)
+    if command in (None, "playbooks"):
+        p = sub.add_parser("playbooks", help="list the causes and what each may change")
+        cli_books.add_option(p)
+        p.set_defaults(func=cmd_playbooks)
 
-    cli_plan.register(sub)
-    cli_kube.register(sub)
-    cli_serve.register(sub)
+    if command is None:
+        cli_plan.register(sub)
+        cli_kube.register(sub)
+        cli_serve.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and argv[0] in OWN_COMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the subcommand's own usage, not the top-level one
         subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
