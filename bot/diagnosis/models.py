@@ -4,8 +4,8 @@ The flow is one way: Evidence -> LogFacts -> Diagnosis -> Proposal -> (message, 
 Everything here is plain data; the functions that produce it live in their own modules.
 """
 
-# No `from __future__ import annotations` here, nor in the other modules a diagnose imports whose
-# pydantic models refer to no later name (playbooks.py's Condition refers to itself): with it,
+# No `from __future__ import annotations` here, nor in the other modules a diagnose imports that
+# define pydantic models (playbooks.py quotes Condition's references to itself instead): with it,
 # pydantic reads each field's annotation back from a string, compiling and evaluating it at
 # every start (1.4% of the instructions of a 2 MB log's diagnose, by valgrind; issue 20).
 from enum import StrEnum

@@ -25,8 +25,8 @@ Condition grammar (a list means: all must hold):
     - not: condition          it does not hold
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: see bot/diagnosis/models.py (pydantic start-up cost);
+# Condition's references to itself are quoted instead.
 import logging
 import re
 import string
@@ -77,14 +77,14 @@ class Condition(Frozen):
     below: float | None = None
     at_least: float | None = None
     at_most: float | None = None
-    any: list[Condition] | None = None
-    all: list[Condition] | None = None
-    not_: Condition | None = Field(default=None, alias="not")
+    any: "list[Condition] | None" = None
+    all: "list[Condition] | None" = None
+    not_: "Condition | None" = Field(default=None, alias="not")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @model_validator(mode="after")
-    def one_kind(self) -> Condition:
+    def one_kind(self) -> "Condition":
         kinds = [k for k in ("log", "signal", "any", "all", "not_") if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ValueError("a condition is exactly one of `log`, `signal`, `any`, `all`, `not`")
