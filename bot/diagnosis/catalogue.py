@@ -16,7 +16,6 @@ import json
 import re
 from collections.abc import Callable
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +27,7 @@ from bot.support.regex_text import top_level_alternative
 SpecSource = Literal["catalogue", "bundle config.json", "hub"]
 HubLookup = Callable[[str], dict[str, Any] | None]
 CONFIG_FILE = "config.json"  # the optional bundle file
+MODELS_FILE = Path(__file__).with_name("data") / "models.yaml"  # a file, as in accelerators.py
 
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "fp32": 4.0, "float16": 2.0, "half": 2.0, "fp16": 2.0,
                "bfloat16": 2.0, "bf16": 2.0, "auto": 2.0, "fp8": 1.0, "float8": 1.0, "int8": 1.0}
@@ -322,9 +322,8 @@ def _entry(raw: Any, where: str) -> CatalogueEntry:
 
 @lru_cache(maxsize=1)
 def load_catalogue() -> tuple[CatalogueEntry, ...]:
-    data = resources.files("bot.diagnosis").joinpath("data/models.yaml")
     try:
-        raw = yamlload.safe_load(data.read_text(encoding="utf-8"))
+        raw = yamlload.safe_load(MODELS_FILE.read_text(encoding="utf-8"))
     except (OSError, yamlload.YAMLError) as exc:
         raise CatalogueError(f"bot/diagnosis/data/models.yaml cannot be read ({exc})") from None
     if not isinstance(raw, list):

@@ -7,11 +7,12 @@ instance of each cloud that has that many.
 
 # No `from __future__ import annotations`: see bot/diagnosis/models.py (pydantic start-up cost).
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+INSTANCES_FILE = Path(__file__).with_name("data") / "instances.yaml"  # a file, as in accelerators.py
 SHARE = 0.8  # a GPU holds weights up to 80% of its memory, the rest for activations and KV cache
 
 
@@ -34,7 +35,7 @@ class Placement(BaseModel):
 
 @lru_cache(maxsize=1)
 def catalogue() -> tuple[Instance, ...]:
-    text = resources.files("bot.diagnosis").joinpath("data/instances.yaml").read_text()
+    text = INSTANCES_FILE.read_text()
     return tuple(Instance.model_validate(row) for row in yaml.safe_load(text))
 
 
