@@ -14,7 +14,36 @@ Printed per log: the median wall and CPU seconds, the floor's, the wall ratio ("
 target's measure) and the CPU ratio ("x CPU": on a shared machine the wall ratio swings with the
 load; both processes are single-threaded, so a quiet machine's wall ratio approaches the CPU one).
 
-Last measured 2026-12-03 14:20-14:25 UTC, the branch `diagfast` against main on 2 shared cores,
+Last measured 2026-12-03 16:40-17:05 UTC, the branch `diagstart` against main (d66dc9a) on 2 shared
+cores at load average 3-11 (other helpers' suites), so the steady figure is the instruction count
+(valgrind --tool=callgrind): a 2 MB log's diagnose 1,096 M -> 1,001 M (-8.7%), 100 MB 2,503 M ->
+2,408 M (-3.8%), `--help` 191 M both. CPU seconds, 11 interleaved pairs of single runs (load 7-10,
+median): 2 MB 0.356 -> 0.307 (branch faster in 10 of 11), 100 MB 0.519 -> 0.490 (grep 0.090: 5.8x
+-> 5.5x); this bench A B A B at load 9-11: 100 MB 0.52, 0.45 -> 0.41, 0.43 CPU-s (x CPU 6.0, 5.3 ->
+5.0, 5.1; the wall ratios swung 5.6-7.6x with the load), 43-44 MiB; 1 GB 1.90 CPU-s (2.2x CPU),
+47 MiB; `--help` 0.05-0.09 CPU-s. Diagnoses byte-identical: 101 of 101 by
+tests/tools/diagnoses_snapshot.py (fixtures, corpus, the 2 MB, 100 MB, keyword and 1 GB logs), and
+`diagnose` of each bench log, JSON and text. Cut, start-up only:
+- pydantic's plugin loader imports importlib.metadata (email, zipfile, csv, ...) when the first
+  model is built, before it reads PYDANTIC_DISABLE_PLUGINS: with plugins off, one-shot commands
+  give pydantic a loader that answers "no plugins" (bot.cli._no_plugin_loader): -38 M;
+- pydantic reads each default factory's signature at class definition: for `list` and `dict` a
+  text signature parsed by tokenize (31 fields), for a model class its whole signature; plain
+  functions instead (models.empty_list, empty_dict), and one Frozen base for five: -30 M;
+- diagnose, eval and playbooks build their own parser alone (argparse makes a help formatter per
+  argument; the eleven other commands' parsers): -13 M;
+- the shipped data read as files beside the module, not through importlib.resources: -11 M;
+- playbooks.py without `from __future__ import annotations`: -3 M.
+Measured and not kept: pydantic `defer_build` on every model, again: +1% (1,107 M; a diagnosis of a
+log alone builds 21 of the 33 models, the others are nested in those); the collector off for the
+whole run: -0.2% at 100 MB. Where a 2 MB log's ~1,000 M go now: Python 88 M; importing pydantic
+~405 M (pydantic_core's ~80 TypedDicts, whose string annotations typing compiles one by one;
+annotated_types; what its modules import: uuid and platform, zoneinfo, secrets and hmac, ...),
+fixed as long as the diagnosis is pydantic models; the diagnosis's modules ~360 M (33 models ~100
+M, 25 dataclasses ~60 M, the regexes, vLLM's flag table built at import only for cmdline's
+aliases ~9 M); the CLI and the diagnosis itself ~150 M. Not reached: 4.0x at 100 MB.
+
+Measured earlier, 2026-12-03 14:20-14:25 UTC, the branch `diagfast` against main on 2 shared cores,
 interleaved (A B A B): this bench, twice each, load average 9-11: 100 MB 0.46-0.48 CPU-s against
 main's 0.51-0.55, 5.3-5.5x the floor in CPU (main 6.0-6.1x), 46 MiB; 1 GB 1.85 against 2.11 CPU-s
 (2.5x CPU, main 2.8x), 49 MiB; `--help` 0.06 CPU-s. Single runs, 11 each, load 4-8, CPU
