@@ -17,13 +17,15 @@ load; both processes are single-threaded, so a quiet machine's wall ratio approa
 Last measured 2026-12-03 16:40-17:05 UTC, the branch `diagstart` against main (d66dc9a) on 2 shared
 cores at load average 3-11 (other helpers' suites), so the steady figure is the instruction count
 (valgrind --tool=callgrind): a 2 MB log's diagnose 1,096 M -> 1,001 M (-8.7%), 100 MB 2,503 M ->
-2,408 M (-3.8%), `--help` 191 M both. CPU seconds, 11 interleaved pairs of single runs (load 7-10,
-median): 2 MB 0.356 -> 0.307 (branch faster in 10 of 11), 100 MB 0.519 -> 0.490 (grep 0.090: 5.8x
--> 5.5x); this bench A B A B at load 9-11: 100 MB 0.52, 0.45 -> 0.41, 0.43 CPU-s (x CPU 6.0, 5.3 ->
-5.0, 5.1; the wall ratios swung 5.6-7.6x with the load), 43-44 MiB; 1 GB 1.90 CPU-s (2.2x CPU),
-47 MiB; `--help` 0.05-0.09 CPU-s. Diagnoses byte-identical: 101 of 101 by
-tests/tools/diagnoses_snapshot.py (fixtures, corpus, the 2 MB, 100 MB, keyword and 1 GB logs), and
-`diagnose` of each bench log, JSON and text. Cut, start-up only:
+2,408 M (-3.8%), `--help` 191 M both. CPU seconds, interleaved pairs of single runs, median: 21
+pairs at load 4.3-4.5, 100 MB 0.413 -> 0.388 (grep 0.082: 5.0x -> 4.7x; the branch faster in 13 of
+21), 2 MB 0.243 -> 0.212 (18 of 21; more than the instructions say: the imports left out also made
+system calls); 11 pairs at load 7-10, 2 MB 0.356 -> 0.307, 100 MB 0.519 -> 0.490; this bench
+A B A B at load 9-11: 100 MB 0.52, 0.45 -> 0.41, 0.43 CPU-s (x CPU 6.0, 5.3 -> 5.0, 5.1; the wall
+ratios swung 5.6-7.6x with the load), 43-44 MiB; 1 GB 1.90 CPU-s (2.2x CPU), 47 MiB; `--help`
+0.05-0.09 CPU-s. Diagnoses byte-identical: 101 of 101 by tests/tools/diagnoses_snapshot.py
+(fixtures, corpus, the 2 MB, 100 MB, keyword and 1 GB logs), and `diagnose` of each bench log,
+JSON and text. Cut, start-up only:
 - pydantic's plugin loader imports importlib.metadata (email, zipfile, csv, ...) when the first
   model is built, before it reads PYDANTIC_DISABLE_PLUGINS: with plugins off, one-shot commands
   give pydantic a loader that answers "no plugins" (bot.cli._no_plugin_loader): -38 M;
