@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bot.cli import books as cli_books
 from bot.cli import kube as cli_kube
@@ -73,17 +75,30 @@ def _no_plugin_loader() -> None:
     Its own loader answers the same, but its module imports importlib.metadata first (and with it
     email, zipfile, csv, ...) when the first model is built: 3.6% of the instructions of a small
     log's diagnose, for a search that is switched off (pydantic 2.14; its one caller,
-    pydantic.plugin._schema_validator, imports only `get_plugins` from it). Left alone when
-    plugins are on, or when pydantic's loader is already imported."""
+    pydantic.plugin._schema_validator, imports only `get_plugins` from it). Any other name asked
+    of it (a later pydantic's) is pydantic's own loader's: the stand-in steps aside for it, so the
+    worst a changed pydantic costs is the import this saves. Left alone when plugins are on, or
+    when pydantic's loader is already imported."""
     if os.environ.get("PYDANTIC_DISABLE_PLUGINS") not in PLUGINS_OFF or PYDANTIC_PLUGIN_LOADER in sys.modules:
         return
     loader = types.ModuleType(PYDANTIC_PLUGIN_LOADER, "pydantic's plugin loader, plugins off (bot.cli)")
     loader.get_plugins = _no_plugins  # type: ignore[attr-defined]  # a module made here, not typed
+    loader.__getattr__ = _pydantic_loader_attribute  # type: ignore[method-assign]  # PEP 562: a module's fallback
     sys.modules[PYDANTIC_PLUGIN_LOADER] = loader
 
 
 def _no_plugins() -> tuple[()]:
     return ()
+
+
+def _pydantic_loader_attribute(name: str) -> Any:
+    """A name the stand-in does not have, from pydantic's own loader, which replaces it from then on
+    (a module's own dunder names are not asked of it: tools probing `__file__` import nothing)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if getattr(sys.modules.get(PYDANTIC_PLUGIN_LOADER), "get_plugins", None) is _no_plugins:
+        del sys.modules[PYDANTIC_PLUGIN_LOADER]
+    return getattr(importlib.import_module(PYDANTIC_PLUGIN_LOADER), name)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

@@ -105,3 +105,24 @@ def test_one_shot_commands_skip_pydantic_plugin_loader_only_when_plugins_are_off
     assert diagnose_loads_metadata(log, None) == ("0", "False", "tuple")
     assert diagnose_loads_metadata(log, "1") == ("0", "False", "tuple")
     assert diagnose_loads_metadata(log, "some_plugin") == ("0", "True", "dict_values")
+
+
+STAND_IN_PROBE = """
+import os, sys
+os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+from bot.cli import _no_plugin_loader
+_no_plugin_loader()
+stand_in = sys.modules["pydantic.plugin._loader"]
+from pydantic.plugin._loader import PYDANTIC_ENTRY_POINT_GROUP  # a name only pydantic's own loader has
+real = sys.modules["pydantic.plugin._loader"]
+print(PYDANTIC_ENTRY_POINT_GROUP, real is not stand_in, "importlib.metadata" in sys.modules,
+      type(real.get_plugins()).__name__, hasattr(stand_in, "__file__"))
+"""
+
+
+def test_the_plugin_loader_stand_in_steps_aside_for_any_other_name():
+    """A pydantic that asks the loader for more than get_plugins gets pydantic's own loader, which
+    replaces the stand-in: a changed pydantic costs the import the stand-in saves, never an
+    ImportError; a tool probing a dunder name imports nothing."""
+    done = subprocess.run([sys.executable, "-c", STAND_IN_PROBE], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["pydantic", "True", "True", "tuple", "False"]
