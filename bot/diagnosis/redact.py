@@ -107,8 +107,14 @@ _COOKIE = re.compile(r"(?i)\b((?:set-)?cookie[\"']?\s*[:=]\s*[\"']?)[^\s\"'][^\n
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@'\"]*:)[^\s/'\"]+@(?=[^\s@/'\"]*(?:[/:?#'\"\s]|$))")
 _VALUE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]\n]*\]|(?:[^\s,;)}\]'\":]|:(?!\s|$))+")
 # name=value, name: value, 'name': 'value', "name": "value", name := value (the name and separator;
-# the value is read only after a secret-like name, so `headers: x-api-key: v` still finds x-api-key)
-_ASSIGNMENT = re.compile(r"(?P<q>[\"']?)(?P<name>\b[A-Za-z_][A-Za-z0-9_.-]{0,80})(?P=q)(?P<sep>\s*(?::=|=|:)\s*)")
+# the value is read only after a secret-like name, so `headers: x-api-key: v` still finds x-api-key).
+# The same matches as without the leading lookahead and the possessive `{0,80}+` and `\s*+`: a
+# shorter name or space is followed by a name or space character, never by the quote or separator,
+# so giving some back never found a match; it only cost a retry per character, at every word of
+# every text (the lookahead skips the positions no name or quote starts at). 0.42 -> 0.27 ms on the
+# bench's 8.6 KB log, which the evidence cache redacts at every new alert (issue 20).
+_ASSIGNMENT = re.compile(r"(?=[\"'A-Za-z_])(?P<q>[\"']?)(?P<name>\b[A-Za-z_][A-Za-z0-9_.-]{0,80}+)(?P=q)"
+                         r"(?P<sep>\s*+(?::=|=|:)\s*)")
 # --flag value, --flag=value (a command line inside a log line or a `sh -c` script)
 _FLAG = re.compile(r"(?P<name>--[A-Za-z0-9][A-Za-z0-9_-]{0,80})(?P<sep>=|[ \t]+)")
 
@@ -369,9 +375,12 @@ def _configured(rule: Rule, text: str) -> str:
 
 
 _ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\u2060\ufeff\u00ad]")
-# base64 that decodes to a credential (`user:password`, or a token a rule knows) goes whole
-_BASE64 = re.compile(r"(?<![A-Za-z0-9+/=_-])(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[a-z0-9])[A-Za-z0-9+/]{16,}={0,2}"
-                     r"(?![A-Za-z0-9+/=_-])")
+# base64 that decodes to a credential (`user:password`, or a token a rule knows) goes whole. The
+# run of 16 is tested before the two case lookaheads (most words are shorter), and the run and its
+# padding are possessive: a shorter one is followed by a run or `=` character, which the final
+# lookahead refuses, so giving some back never found a match (0.19 -> 0.12 ms on the 8.6 KB log).
+_BASE64 = re.compile(r"(?<![A-Za-z0-9+/=_-])(?=[A-Za-z0-9+/]{16})(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[a-z0-9])"
+                     r"[A-Za-z0-9+/]{16,}+={0,2}+(?![A-Za-z0-9+/=_-])")
 _CREDENTIAL = re.compile(r"[\w.@+-]{1,64}:[^\s:]{3,}")
 
 

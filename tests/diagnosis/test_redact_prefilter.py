@@ -99,3 +99,30 @@ def test_the_run_gate_changes_nothing():
             expected = rule.pattern.sub(rule.replacement, expected)
         assert R.redact_tokens(text) == expected, text
     assert R.redact_tokens(RUN_MADE_BY_A_RULE) == "****** end"
+
+
+# The name-assignment and base64 patterns as they were written before they were made possessive
+# (issue 20): the faster spellings must find exactly the same matches.
+ASSIGNMENT_BEFORE = r"(?P<q>[\"']?)(?P<name>\b[A-Za-z_][A-Za-z0-9_.-]{0,80})(?P=q)(?P<sep>\s*(?::=|=|:)\s*)"
+BASE64_BEFORE = (r"(?<![A-Za-z0-9+/=_-])(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[a-z0-9])[A-Za-z0-9+/]{16,}={0,2}"
+                 r"(?![A-Za-z0-9+/=_-])")
+
+
+def _spans(pattern, text):
+    return [(m.span(), m.groupdict().get("name")) for m in pattern.finditer(text)]
+
+
+def test_the_possessive_patterns_find_what_the_backtracking_ones_found():
+    import re
+    from pathlib import Path
+
+    before = {"assignment": (re.compile(ASSIGNMENT_BEFORE), R._ASSIGNMENT), "base64": (re.compile(BASE64_BEFORE), R._BASE64)}
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    texts = [*CORPUS, *(p.read_text(errors="replace") for p in sorted(fixtures.rglob("*.log"))[:60])]
+    pieces = ["api_key", "Token", "pass_word", '"', "'", " ", "\t", ":", "=", ":=", "a" * 79, "b" * 3, "X.y", "-",
+              "\u00e9", "\u00e9_key", "\n", "+", "/", "==", "AbCdEfGh", "01234567", "_-", "\u200b"]
+    rng = random.Random(21)
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 24))) for _ in range(4000)]
+    for name, (old, new) in before.items():
+        for text in texts:
+            assert _spans(new, text) == _spans(old, text), (name, text)
