@@ -76,6 +76,9 @@ class Proposer:
         """The core's diagnosis, with the header facts (node, GPU, restarts) filled from the
         evidence where the core left them empty."""
         diagnosis = self._diagnose(evidence)
+        if diagnosis.namespace and diagnosis.pod and diagnosis.container and diagnosis.node and diagnosis.gpu \
+                and diagnosis.restarts is not None:
+            return diagnosis  # every header fact filled by the core: nothing to read from the evidence again
         pod, node = pod_view(evidence), node_view(evidence)
         return revised(
             diagnosis,

@@ -26,8 +26,10 @@ def revised(record: M, **changes: Any) -> M:
     unknown = changes.keys() - fields.keys()
     if unknown:
         raise TypeError(f"{type(record).__name__} has no field {', '.join(sorted(unknown))}")
-    return type(record).model_validate({**{name: getattr(record, name) for name in fields}, **changes},
-                                       by_name=True)
+    current = record.__dict__  # a pydantic model keeps its fields' values here, and nothing else
+    if current.keys() != fields.keys():
+        current = {name: getattr(record, name) for name in fields}
+    return type(record).model_validate({**current, **changes}, by_name=True)
 
 
 class Frozen(BaseModel):

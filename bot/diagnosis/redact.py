@@ -318,8 +318,11 @@ def redact_structure(text: str, candidates: set[str] | None = None) -> str:
         text = _COOKIE.sub(r"\1" + MASK, text)
     if candidates is None or "://" in text:
         text = _URL_USERINFO.sub(r"\1" + MASK + "@", text)
-    text = _mask_values(text, _FLAG)
-    return _mask_values(text, _ASSIGNMENT)
+    if "--" in text:  # every match of _FLAG starts with it
+        text = _mask_values(text, _FLAG)
+    if ":" in text or "=" in text:  # every match of _ASSIGNMENT ends with one (`:=` holds `:`)
+        text = _mask_values(text, _ASSIGNMENT)
+    return text
 
 
 def redact_tokens(text: str, rules: Iterable[Rule] = TOKEN_RULES, candidates: set[str] | None = None) -> str:
