@@ -252,6 +252,11 @@ def trusted_text(text: str) -> str:
         return text
     if PAYLOAD_LINE.match(text) is not None:  # one anchored match, not a search of a long line
         return ""
+    return _before_first_mark(text)
+
+
+def _before_first_mark(text: str) -> str:
+    """`trusted_text` of a text PAYLOAD_LINE does not match."""
     if first_mark(text) is None:  # the common case, one search (kept for the line's other readers)
         return text
     start, end = message_span(text)
@@ -263,6 +268,22 @@ def _is_payload_line(raw: bytes) -> bool:
     most lines a keyword finds in a busy log are request payloads quoting a prompt."""
     text = raw.decode("utf-8", errors="replace")
     return "\r" not in text and "\x1b[" not in text and PAYLOAD_LINE.match(text[:MAX_LINE_CHARS]) is not None
+
+
+def trusted_parts(raw: bytes) -> list[str]:
+    """`trusted_text` of each of the line's `_clean` parts, none for a request payload line
+    (`_is_payload_line`). The common one-part line is decoded once and matched once: the two
+    steps decoded it twice and matched it against PAYLOAD_LINE twice (issue 20). A line holding
+    none of PAYLOAD_LITERALS cannot match PAYLOAD_LINE (each mark holds one of them)."""
+    text = raw.decode("utf-8", errors="replace")
+    if "\r" in text or "\x1b[" in text:
+        return [trusted_text(part) for part in _clean(raw)]
+    line = text[:MAX_LINE_CHARS]
+    if not may_hold_mark(line):
+        return [line]
+    if PAYLOAD_LINE.match(line) is not None:
+        return []
+    return [_before_first_mark(line)]
 
 
 def _clean(raw: bytes) -> list[str]:
@@ -478,10 +499,9 @@ class _Reader:
         for start in self.scanner.line_starts(block):
             end = block.find(b"\n", start)
             raw = block[start : end if end != -1 else len(block)]
-            if self._is_noise(raw) or _is_payload_line(raw):
+            if self._is_noise(raw):
                 continue
-            for text in _clean(raw):
-                text = trusted_text(text)
+            for text in trusted_parts(raw):
                 if not text:
                     continue  # a request payload line: a user's text, never evidence
                 line_no += block.count(b"\n", counted_to, start)

@@ -15,7 +15,15 @@ from builders import SHARED_CORPUS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.diagnosis.logfacts import PACKED_PATTERNS, KeywordScanner, _clean, _is_payload_line, extract, trusted_text
+from bot.diagnosis.logfacts import (
+    PACKED_PATTERNS,
+    KeywordScanner,
+    _clean,
+    _is_payload_line,
+    extract,
+    trusted_parts,
+    trusted_text,
+)
 from bot.diagnosis.logformats import FORMATS, KEYWORDS, PAYLOAD, PAYLOAD_LINE, message_span
 from bot.diagnosis.models import LogText
 from bot.diagnosis.playbooks import default_playbooks
@@ -162,3 +170,19 @@ def test_the_payload_line_match_says_what_message_span_says(pieces):
 def test_the_payload_line_match_on_real_lines():
     lines = REAL_LINES + [re.sub(r"^", "  ", line) for line in REAL_LINES[:200]]
     assert [bool(PAYLOAD_LINE.match(t)) for t in lines] == [_payload_by_span(t) for t in lines]
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from(PIECES + ["\r", "\x1b[0m", "\r  \r", "\n"]), max_size=8))
+def test_trusted_parts_is_the_full_path(pieces):
+    """The reader's one-decode path gives what `_clean`, `_is_payload_line` and `trusted_text` gave."""
+    raw = "".join(pieces).encode()
+    full = [] if _is_payload_line(raw) else [trusted_text(part) for part in _clean(raw)]
+    assert trusted_parts(raw) == full, raw
+
+
+def test_trusted_parts_on_real_lines():
+    for line in REAL_LINES + [re.sub(r"^", "  ", line) for line in REAL_LINES[:200]]:
+        raw = line.encode()
+        full = [] if _is_payload_line(raw) else [trusted_text(part) for part in _clean(raw)]
+        assert trusted_parts(raw) == full, line
