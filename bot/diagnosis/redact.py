@@ -325,6 +325,12 @@ def redact_structure(text: str, candidates: set[str] | None = None) -> str:
     return text
 
 
+def _may_hold_structure(text: str) -> bool:
+    """Whether a name-based rule without a literal of the prefilter's could match: the URL password
+    needs `://`, a flag `--`, an assignment `:` or `=`."""
+    return ":" in text or "=" in text or "--" in text
+
+
 def redact_tokens(text: str, rules: Iterable[Rule] = TOKEN_RULES, candidates: set[str] | None = None) -> str:
     for rule in rules:
         if _may_match(rule.name, candidates) and _holds_run(text, _RUN_NEEDED.get(rule.name, 0)):
@@ -337,6 +343,7 @@ def redact_tokens(text: str, rules: Iterable[Rule] = TOKEN_RULES, candidates: se
 # cost ~0.25 ms a 9 KB log, which the evidence cache redacts at every new alert (issue 20). Tested
 # on the text as the rule receives it: a rule before may have changed it.
 _RUN_NEEDED = {"pem-body-line": 60, "aws-secret-key": 40}
+BASE64_RUN = 16  # _BASE64 below matches runs of at least this many (and so do the two rules above)
 _RUN_BYTES = bytes(b"a"[0] if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "+/") else b" "[0] for b in range(256))
 
 
@@ -422,8 +429,12 @@ class Redactor:
         # the prefilter runs once, on the text as it arrives: a rule's replacement never writes
         # another rule's literal, so a rule absent here stays absent after the rules before it
         candidates = _candidates(text)
-        text = redact_structure(redact_tokens(text, candidates=candidates), candidates)
-        text = _BASE64.sub(_base64_secret, text)
+        if candidates or _may_hold_structure(text) or _holds_run(text, BASE64_RUN):
+            text = redact_structure(redact_tokens(text, candidates=candidates), candidates)
+            text = _BASE64.sub(_base64_secret, text)
+        # else no built-in rule can match: each token rule needs a literal the text lacks or a run of
+        # 40 or 60 base64 characters, each structure rule its literal, base64 a run of 16 (most of a
+        # pod's and a diagnosis's short texts: ~5 us each of ~9 us; issue 20)
         for rule in self.configured:
             text = _configured(rule, text)
         return text

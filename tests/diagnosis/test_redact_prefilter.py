@@ -126,3 +126,14 @@ def test_the_possessive_patterns_find_what_the_backtracking_ones_found():
     for name, (old, new) in before.items():
         for text in texts:
             assert _spans(new, text) == _spans(old, text), (name, text)
+
+
+def test_the_no_rule_shortcut_changes_nothing():
+    """Texts around the shortcut's gates (no literal, no `:`, `=` or `--`, runs of base64 characters
+    just under and over 16, 40 and 60): the same as every rule run."""
+    pieces = ["AbCdEfGh", "12345678", "+/", "-", "_", ".", " ", "\n", "x", "dXNlcjpwYXNzd29yZA==", "Zm9vOmJhcg",
+              "\u00e9", "-", "vllm-cpu-003-27190d4333-abcde", "--", "=", ":", "A" * 39, "b" * 59]
+    rng = random.Random(22)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 10)))
+        assert R.Redactor().text(text) == every_rule(text), text
