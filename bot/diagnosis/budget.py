@@ -333,6 +333,10 @@ class Budget(Frozen):
     # the budget is frozen, so each answer is computed once (issue 20). The answers are read-only.
     _figures_by_config: dict[Config, dict[str, Figure]] = PrivateAttr(default_factory=dict)
     _fit_by_config: dict[Config, Fit] = PrivateAttr(default_factory=dict)
+    # What every candidate's overhead is scaled from, the same for all of them: the logged overhead
+    # and the estimate at the configuration that ran, each worked out when first needed.
+    _logged_overhead: list[tuple[float, float | None, str] | None] = PrivateAttr(default_factory=list)
+    _ran_overhead_estimate: list[tuple[float | None, float]] = PrivateAttr(default_factory=list)
 
     def quantization(self, config: Config) -> QuantSpec | None:
         """The weights' storage under `config`: the flag (fp8 on a bf16 model quantizes online), else the checkpoint's."""
@@ -394,6 +398,18 @@ class Budget(Frozen):
                                                                      f"{_gib(log.free_at_start_gib)} free at start-up")
         return Figure(value=0.0, source="default", detail="no other process seen")
 
+    def logged_overhead(self) -> tuple[float, float | None, str] | None:
+        """`_logged_overhead`, computed once (a one-item list: None is an answer)."""
+        if not self._logged_overhead:
+            self._logged_overhead.append(_logged_overhead(self))
+        return self._logged_overhead[0]
+
+    def ran_overhead_estimate(self) -> tuple[float | None, float]:
+        """`_overhead_estimate` at the configuration that ran, computed once."""
+        if not self._ran_overhead_estimate:
+            self._ran_overhead_estimate.append(_overhead_estimate(self, self.inputs.ran))
+        return self._ran_overhead_estimate[0]
+
     def fits(self, config: Config) -> Fit:
         fit = self._fit_by_config.get(config)
         if fit is None:
@@ -413,7 +429,7 @@ class Budget(Frozen):
         memory, kv = _memory_checks(self, config, figures)
         checks += memory
         failed = next((c.stage for c in checks if not c.ok), None)
-        margins = [c.margin_gib for c in memory if c.margin_gib is not None]
+        margins = [margin for margin in (c.margin_gib for c in memory) if margin is not None]  # each computed once
         weights_check = next((c for c in memory if c.stage == "weights"), None)
         kv_check = next((c for c in memory if c.stage == "kv_sizing"), None)
         return Fit(config=config, verdict="fails" if failed else "fits", first_failure=failed,
@@ -545,10 +561,10 @@ def _logged_overhead(b: Budget) -> tuple[float, float | None, str] | None:
 def _overhead(b: Budget, config: Config) -> dict[str, Figure]:
     """'overhead' = activation peak + non-torch memory; 'activation' too when it is known alone."""
     activation, non_torch = _overhead_estimate(b, config)
-    logged = _logged_overhead(b)
+    logged = b.logged_overhead()
     if logged is not None:
         value, logged_activation, how = logged
-        ran_activation, ran_non_torch = _overhead_estimate(b, b.inputs.ran)
+        ran_activation, ran_non_torch = b.ran_overhead_estimate()
         source = "log"
         if activation is not None and ran_activation is not None and (activation, non_torch) != (ran_activation, ran_non_torch):
             ratio = (activation + non_torch) / (ran_activation + ran_non_torch)
