@@ -107,7 +107,7 @@ class Proposer:
         # (the apply path restores them from the live object), so the digest the button carries
         # is the digest of the stored record.
         redactor = self.policy.redactor
-        return mark_redacted(redact_proposal(revised(proposal, **update), redactor).sealed(), redactor)
+        return mark_redacted(redact_proposal(proposal, redactor, **update).sealed(), redactor)
 
     def recheck(self, name: str, stored: Proposal) -> Recheck:
         """Re-derive incident `name`'s proposal now, from the live workload, its pod's evidence

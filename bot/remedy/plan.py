@@ -22,7 +22,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bot.diagnosis.models import DiagnosisResult
+from bot.diagnosis.models import DiagnosisResult, revised
 from bot.diagnosis.redact import DEFAULT as DEFAULT_REDACTOR
 from bot.diagnosis.redact import Redactor, has_mask, masked_match
 from bot.remedy import changes as ch
@@ -99,7 +99,7 @@ def at_version(ref: WorkloadRef, resource_version: str | None) -> WorkloadRef:
 
 def dry_run_checked(proposal: Proposal, ok: bool, message: str) -> Proposal:
     """The proposal with the dry run's answer (not part of its sealed content: the digest stays)."""
-    return Proposal.model_validate({**proposal.model_dump(), "dry_run_ok": ok, "dry_run_message": message})
+    return revised(proposal, dry_run_ok=ok, dry_run_message=message)
 
 
 def not_allowed(proposal: Proposal, current: dict[str, Any], playbooks: Any = None) -> str | None:
@@ -409,19 +409,20 @@ def redact_patch(ops: list[dict[str, Any]], redactor: Redactor = DEFAULT_REDACTO
     return out
 
 
-def redact_proposal(proposal: Proposal, redactor: Redactor = DEFAULT_REDACTOR) -> Proposal:
+def redact_proposal(proposal: Proposal, redactor: Redactor = DEFAULT_REDACTOR, **update: Any) -> Proposal:
     """The proposal as it may be stored and shown: command lines, the container as diagnosed,
     the patch's values and the manifest diff redacted. `changes` stay exact: playbooks change
-    only flags that are not secrets, and the apply path re-derives the patch from them."""
-    return Proposal.model_validate({
-        **proposal.model_dump(),
-        "command_before": redactor.args(proposal.command_before),
-        "command_after": redactor.args(proposal.command_after),
-        "container_before": redactor.fields(proposal.container_before),
-        "json_patch": redact_patch(proposal.json_patch, redactor),
-        "manifest_diff": redactor.text(proposal.manifest_diff) if proposal.manifest_diff else proposal.manifest_diff,
-        "dry_run_message": redactor.text(proposal.dry_run_message) if proposal.dry_run_message else None,
-    })
+    only flags that are not secrets, and the apply path re-derives the patch from them. `update`:
+    other fields set in the same validation (redaction reads none of them)."""
+    return revised(
+        proposal, **update,
+        command_before=redactor.args(proposal.command_before),
+        command_after=redactor.args(proposal.command_after),
+        container_before=redactor.fields(proposal.container_before),
+        json_patch=redact_patch(proposal.json_patch, redactor),
+        manifest_diff=redactor.text(proposal.manifest_diff) if proposal.manifest_diff else proposal.manifest_diff,
+        dry_run_message=redactor.text(proposal.dry_run_message) if proposal.dry_run_message else None,
+    )
 
 
 def redacted_record(record: dict[str, Any], redactor: Redactor = DEFAULT_REDACTOR) -> dict[str, Any]:
