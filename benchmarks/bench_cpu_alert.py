@@ -11,24 +11,51 @@ By default no Node is served (its read answers 404, as for a bot without node ac
 --node-images N serves bench_scale's node with N images in its status, as a GPU node's kubelet
 reports them (up to 50): an alert's evidence leaves them out (bot/kube/collect.py read_node).
 
-Run: python benchmarks/bench_cpu_alert.py [--alerts 40] [--runs 5] [--node-images 50]
+Run: python benchmarks/bench_cpu_alert.py [--alerts 40] [--runs 5] [--node-images 50] [--count new|repeat]
+
+Instructions instead of CPU time (steady on a busy machine, where thread CPU swings by tens of
+percent): `--count new` (or `repeat`) runs those alerts inside math.fsum, so that
+
+    valgrind --tool=callgrind --separate-threads=yes --collect-atstart=no --toggle-collect=math_fsum \
+        python benchmarks/bench_cpu_alert.py --runs 1 --alerts 20 --count new
+
+counts them alone; the main thread's file (callgrind.out.PID-01, its `summary:` line) divided by
+--alerts is the instructions per alert in the worker thread (~2-3 minutes under valgrind).
 
 Measured 2026-12-03 (newfast branch): 3 runs at load average 0.4, new 11.9 ms, repeat 3.0 ms, a
 sweep over 40 incidents 13.6 ms; bench_scale's process at the same time, one at a time, 12.8 ms per
 new alert (its CPU by thread: the workers 87%, so this thread is most of the process). With a
 50-image node, 3 interleaved pairs of 2 runs at load 6-16: 12.1 ms on the branch (images left
 out) against 12.9 ms on main, within the spread (11.0-15.3 ms).
+
+Measured 2026-12-03 16:40-17:15 UTC (corefast branch against main d66dc9a), a busy machine (load
+average 3-11): thread CPU of interleaved runs swung too much to separate the trees (4 pairs at load
+3.0-3.4: main 12.9-18.6 ms, the branch 12.4-18.1 ms per new alert), so the comparison is in
+instructions (callgrind as above, 20 alerts, the same counting wrapped around main's loops):
+new alert 52.8 M -> 46.2 M instructions (-12.5%; by the difference of a 20-alert and a 0-alert
+process, 53.1 M (two runs of main: 52.8, 53.3) -> 46.4 M), repeat 7.94 M -> 7.92 M (not worse).
+Inside it: one diagnosis of the bench's evidence 15.4 M -> 14.0 M, redacting the bench's 8.6 KB
+log for the evidence cache 10.8 M -> 7.5 M. What made the difference: the redaction's name and
+base64 patterns made possessive, its per-match loop run only when a found name is secret-like, and
+the rules skipped for texts no rule can match; the log reader decoding and matching each keyword
+line once; the budget's configuration-independent overhead worked out once and its caches read
+without pydantic's __getattr__; the proposal and a filled diagnosis validated once, not two or three
+times. Not reached: the goal of -25% (8.8 ms); about a third of the thread is the 8 Kubernetes
+calls (bot/kube), and the rest is spread thin (no step of the core above ~1 ms: the log reader's
+per-line work, the five budget judgements, the incident's JSON for its two writes).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 KUBECONFIG = str(Path(tempfile.mkdtemp()) / "kubeconfig")
@@ -55,10 +82,28 @@ def gpu_node(images: int) -> dict:
     return node
 
 
-def one_run(alerts: int, node_images: int | None = None) -> tuple[float, float, float]:
+def counted(seconds: Iterator[float], count: bool) -> list[float]:
+    """The alerts' CPU seconds, run inside math.fsum when `count`: `valgrind --tool=callgrind
+    --collect-atstart=no --toggle-collect=math_fsum` then counts their instructions alone (no set-up,
+    no warm-up), which stay steady on a busy machine where thread CPU does not."""
+    if not count:
+        return list(seconds)
+    kept: list[float] = []
+
+    def each() -> Iterator[float]:
+        for second in seconds:
+            kept.append(second)
+            yield second
+
+    math.fsum(each())
+    return kept
+
+
+def one_run(alerts: int, node_images: int | None = None, count: str | None = None) -> tuple[float, float, float]:
     """(median ms per new alert, median ms per repeat, ms for one sweep over the incidents).
     `node_images`: None, no Node object (its read answers 404 and the evidence says so); else the
-    pods' node with that many images in its status."""
+    pods' node with that many images in its status. `count`: "new" or "repeat", the alerts run inside
+    math.fsum (see `counted`)."""
     kube, slack = scale.FakeKube().start(), scale.SlackStandIn().start()
     try:
         if node_images is not None:
@@ -83,8 +128,8 @@ def one_run(alerts: int, node_images: int | None = None) -> tuple[float, float, 
         for pod in pods[:3]:  # warm-up: first imports, compiled patterns, the connection pools
             alert(pod)
             alert(pod)
-        new = [alert(pod) for pod in pods[3:]]
-        repeats = [alert(pod) for pod in pods[3:]]
+        new = counted((alert(pod) for pod in pods[3:]), count == "new")
+        repeats = counted((alert(pod) for pod in pods[3:]), count == "repeat")
         start = time.thread_time()
         service.sweep()
         sweep = time.thread_time() - start
@@ -100,11 +145,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs; the medians of their medians are shown")
     parser.add_argument("--node-images", type=int, default=None,
                         help="serve the pods' Node, with this many images in its status (default: no Node)")
+    parser.add_argument("--count", choices=("new", "repeat"), default=None,
+                        help="run these alerts inside math.fsum, for callgrind's --toggle-collect=math_fsum")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     runs = []
     for run in range(args.runs):
-        runs.append(one_run(args.alerts, args.node_images))
+        runs.append(one_run(args.alerts, args.node_images, args.count))
         print(f"run {run + 1}: new {runs[-1][0]:.1f} ms, repeat {runs[-1][1]:.1f} ms, "
               f"sweep of {args.alerts} incidents {runs[-1][2]:.1f} ms", file=sys.stderr)
     new, repeat, sweep = (statistics.median(r[i] for r in runs) for i in range(3))
