@@ -28,12 +28,14 @@ new alert (its CPU by thread: the workers 87%, so this thread is most of the pro
 50-image node, 3 interleaved pairs of 2 runs at load 6-16: 12.1 ms on the branch (images left
 out) against 12.9 ms on main, within the spread (11.0-15.3 ms).
 
-Measured 2026-12-03 16:40-17:15 UTC (corefast branch against main d66dc9a), a busy machine (load
-average 3-11): thread CPU of interleaved runs swung too much to separate the trees (4 pairs at load
+Measured 2026-12-03 16:40-17:30 UTC (corefast branch against main), a busy machine (load average
+3-11): thread CPU of interleaved runs swung too much to separate the trees (4 pairs at load
 3.0-3.4: main 12.9-18.6 ms, the branch 12.4-18.1 ms per new alert), so the comparison is in
-instructions (callgrind as above, 20 alerts, the same counting wrapped around main's loops):
-new alert 52.8 M -> 46.2 M instructions (-12.5%; by the difference of a 20-alert and a 0-alert
-process, 53.1 M (two runs of main: 52.8, 53.3) -> 46.4 M), repeat 7.94 M -> 7.92 M (not worse).
+instructions (callgrind as above, 20 alerts, the same counting wrapped around main's loops).
+Against main d66dc9a: new alert 52.8 M -> 46.2 M instructions (-12.5%; by the difference of a
+20-alert and a 0-alert process, 53.1 M (two runs of main: 52.8, 53.3) -> 46.4 M), repeat 7.94 M
+-> 7.92 M (not worse). Rebased on main 6d872c4 (the Kubernetes calls' own wire, the diagnosis
+models' start-up cuts): new alert 45.6 M -> 39.0 M (-14.5%; -26% against d66dc9a), repeat 6.06 M -> 6.04 M.
 Inside it: one diagnosis of the bench's evidence 15.4 M -> 14.0 M, redacting the bench's 8.6 KB
 log for the evidence cache 10.8 M -> 7.5 M. What made the difference: the redaction's name and
 base64 patterns made possessive, its per-match loop run only when a found name is secret-like, and
