@@ -36,6 +36,9 @@ Against main d66dc9a: new alert 52.8 M -> 46.2 M instructions (-12.5%; by the di
 20-alert and a 0-alert process, 53.1 M (two runs of main: 52.8, 53.3) -> 46.4 M), repeat 7.94 M
 -> 7.92 M (not worse). Rebased on main 6d872c4 (the Kubernetes calls' own wire, the diagnosis
 models' start-up cuts): new alert 45.6 M -> 39.0 M (-14.5%; -26% against d66dc9a), repeat 6.06 M -> 6.04 M.
+Thread CPU, 6 interleaved pairs of one run each at load 3.8-4.7 (17:27-17:29): new alert main
+8.8-11.7 ms (median 10.3), the branch 8.4-11.8 ms (median 8.8, lower in 5 of 6 pairs); repeat 1.8
+and 1.85 ms (medians, the same within the spread).
 Inside it: one diagnosis of the bench's evidence 15.4 M -> 14.0 M, redacting the bench's 8.6 KB
 log for the evidence cache 10.8 M -> 7.5 M. What made the difference: the redaction's name and
 base64 patterns made possessive, its per-match loop run only when a found name is secret-like, and
