@@ -37,6 +37,7 @@ from bot.diagnosis.redact import Redactor
 from bot.slack.blocks import group_message, incident_message, incident_thread, note_message
 from bot.slack.notes import note_text
 from bot.slack.preflight import fix_for
+from bot.slack.transport import KeptAliveClient
 from bot.support.retrying import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,9 @@ def audit_actor(user_id: str, user_name: Callable[[str], str | None]) -> str:
 SDK_LOGGER = "slack_sdk.web.base_client"  # the logger WebClient writes to
 
 
-def make_client(token: str, base_url: str | None = None, timeout: int = CLIENT_TIMEOUT_SECONDS) -> WebClient:
-    """A WebClient without slack_sdk's own retry handlers: retries happen (and are counted) here.
+def make_client(token: str, base_url: str | None = None, timeout: int = CLIENT_TIMEOUT_SECONDS) -> KeptAliveClient:
+    """A WebClient without slack_sdk's own retry handlers: retries happen (and are counted) here;
+    its calls reuse kept-alive connections (bot.slack.transport).
 
     WebClient formats a debug line of every request and answer, bodies included (~70 us a call),
     whenever its logger's own level is DEBUG or unset, before logging drops the line. So an unset
@@ -99,16 +101,17 @@ def make_client(token: str, base_url: str | None = None, timeout: int = CLIENT_T
     if sdk_log.level == logging.NOTSET:
         sdk_log.setLevel(sdk_log.getEffectiveLevel())
     url = base_url or SLACK_API_URL
-    return WebClient(token=token, base_url=url, timeout=timeout, retry_handlers=[],
-                     ssl=tls_context() if url.startswith("https:") else None)
+    return KeptAliveClient(token=token, base_url=url, timeout=timeout, retry_handlers=[],
+                           ssl=tls_context() if url.startswith("https:") else None)
 
 
 def tls_context() -> ssl.SSLContext:
     """The TLS settings http.client uses for a connection it is given no context for (Python 3.11:
-    the system's CA bundle, hostname checked, ALPN http/1.1), made once for a client. WebClient
-    opens a new connection for every call, and without a context of its own each connection
-    loaded the whole CA bundle again: 5-20 ms of CPU per Slack call. (A plain http:// URL, the
-    stand-ins', gets none: with one, WebClient would build a urllib opener per call for nothing.)"""
+    the system's CA bundle, hostname checked, ALPN http/1.1), made once for a client. Without a
+    context of its own each new connection loaded the whole CA bundle again: 5-20 ms of CPU per
+    connection (one per call before connections were kept alive, bot.slack.transport; still one
+    per call behind a proxy). (A plain http:// URL, the stand-ins', gets none: with one, urllib's
+    path would build an opener per call for nothing.)"""
     context = ssl.create_default_context()
     context.set_alpn_protocols(["http/1.1"])
     if context.post_handshake_auth is not None:
@@ -215,8 +218,11 @@ class SlackChat:
             raise ChatUnavailable(f"{method}: {exc}", ambiguous=False) from None
 
     def close(self) -> None:
-        """No call starts after this one (the server is stopping); one under way ends as it ends."""
+        """No call starts after this one (the server is stopping); one under way ends as it ends.
+        The client's idle kept-alive connections are closed (one in use, when its call ends)."""
         self._closed.set()
+        if isinstance(self.client, KeptAliveClient):
+            self.client.close()
 
     def _call(self, method: str, fn: Callable[..., Any], policy: RetryPolicy | None, **kwargs: Any) -> Any:
         def attempt(**call_kwargs: Any) -> Any:  # each attempt, the retries' included

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import socket
 import threading
 import time
 from collections import deque
@@ -190,6 +191,10 @@ class SlackStandIn:
         self._changed = threading.Condition()  # notified on every call received
         self._stopped = threading.Event()
         self._server: StandInServer | None = None
+        # Connections, as Slack keeps them: HTTP/1.1, kept alive until the client closes one (or
+        # the stand-in stops: then every open one is closed, so a stopped Slack answers nothing).
+        self.connections = 0  # opened so far
+        self._open: set[Any] = set()
 
     # ---- control ------------------------------------------------------------------------
 
@@ -197,6 +202,19 @@ class SlackStandIn:
         standin = self
 
         class Handler(QuietHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with standin._lock:
+                    standin.connections += 1
+                    standin._open.add(self.connection)
+
+            def finish(self) -> None:
+                with standin._lock:
+                    standin._open.discard(self.connection)
+                super().finish()
+
             def do_POST(self) -> None:
                 standin._handle(self)
 
@@ -209,6 +227,17 @@ class SlackStandIn:
         self._stopped.set()
         if self._server:
             self._server.stop()
+        self.close_connections()  # a kept-alive client must not reach a stopped Slack
+
+    def close_connections(self) -> None:
+        """Close every open connection from this side, as a server ends idle kept-alive ones."""
+        with self._lock:
+            open_connections, self._open = list(self._open), set()
+        for conn in open_connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     @property
     def url(self) -> str:
