@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.error
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -75,6 +76,9 @@ def post_fits_lease(lease_seconds: float, client_timeout_seconds: float) -> bool
 
 POST_BUDGET_SECONDS = post_budget(DEFAULT_POST_LEASE.total_seconds())
 HISTORY_PAGE, HISTORY_PAGES = 200, 10
+# Details replies posted at once. Each waits for its channel's turn (about a second per post in a
+# storm), so a few threads keep one busy channel from holding back another channel's replies.
+DETAILS_THREADS = 4
 
 
 def audit_actor(user_id: str, user_name: Callable[[str], str | None]) -> str:
@@ -179,6 +183,9 @@ class SlackChat:
         # reply's thread or a retry's back-off may outlive the server, and must not reach whatever
         # listens at Slack's address after it.
         self._closed = threading.Event()
+        # The details replies that follow paced posts (post_incident): a few threads, made when
+        # first needed, each taking the next reply in turn; a reply waits for its channel's turn.
+        self._details = ThreadPoolExecutor(max_workers=DETAILS_THREADS, thread_name_prefix="slack-details")
         # Slack's posting rate (bot.app.pacing): every post and update takes its turn; None: no
         # pacing (tests of other things; serve always paces, bot.cli.wiring).
         self.pacer = pacer
@@ -221,6 +228,9 @@ class SlackChat:
         """No call starts after this one (the server is stopping); one under way ends as it ends.
         The client's idle kept-alive connections are closed (one in use, when its call ends)."""
         self._closed.set()
+        # A reply still queued never starts (it would first wait for its channel's turn, only to be
+        # refused); one under way ends as a call does.
+        self._details.shutdown(wait=False, cancel_futures=True)
         if isinstance(self.client, KeptAliveClient):
             self.client.close()
 
@@ -277,9 +287,16 @@ class SlackChat:
         if self.pacer is None:
             self.post_details(incident, details)
         else:  # its turn comes a second later: the message's id is recorded meanwhile, not after it
-            threading.Thread(target=self.post_details, args=(incident, details), daemon=True,
-                             name="slack-details").start()
+            self._post_details_later(incident, details)
         return ref
+
+    def _post_details_later(self, incident: Incident, message: MessageRef) -> None:
+        """The details reply on one of DETAILS_THREADS threads, taken in the order the messages were
+        posted (a thread per reply cost its creation at every incident)."""
+        try:
+            self._details.submit(self.post_details, incident, message)
+        except RuntimeError:  # closed: the server is stopping, and no call starts any more
+            log.warning("could not post the details of %s in its thread: the bot is stopping", incident.name)
 
     def post_group(self, incidents: list[Incident], channel: str | None = None) -> MessageRef:
         text, blocks = group_message(incidents, self.redactor)
