@@ -24,7 +24,7 @@ from bot.app.router import ClusterRouter
 from bot.app.service import OncallService
 from bot.app.work import WorkQueue
 from bot.http.alerts import AlertIntake
-from bot.http.wire import Closed, Limits, Rejected, Request, printable, read_request, response_bytes
+from bot.http.wire import Closed, Limits, Rejected, Request, printable, read_request, response_bytes, within
 
 log = logging.getLogger(__name__)
 HANDLER_THREADS = 8
@@ -250,7 +250,7 @@ class BotServer:
             if writer.can_write_eof():
                 writer.write_eof()
             while (left := deadline - loop.time()) > 0:
-                if not await asyncio.wait_for(reader.read(1 << 16), left):
+                if not await within(left, reader.read(1 << 16)):
                     return
         except (TimeoutError, ConnectionError, OSError):
             return
@@ -258,7 +258,7 @@ class BotServer:
     async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
         try:
             writer.write(data)
-            await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+            await within(self.limits.write_timeout, writer.drain())
             return True
         except (TimeoutError, ConnectionError, RuntimeError):
             return False
