@@ -4,8 +4,7 @@
 The server is asyncio streams (stdlib) in one thread: a connection costs a socket, not a thread,
 so 500 slow clients cannot starve `/healthz`. Each request is read under the limits of
 wire.Limits (head deadline, body idle timeout, sizes, connection cap); only a complete request
-reaches a handler thread (a small pool), and a usual webhook none: it is handled in the loop
-(INLINE_ALERTS_BYTES). Every error answer is counted by reason."""
+reaches a handler thread (a small pool). Every error answer is counted by reason."""
 
 from __future__ import annotations
 
@@ -29,10 +28,6 @@ from bot.http.wire import Closed, Limits, Rejected, Request, printable, read_req
 
 log = logging.getLogger(__name__)
 HANDLER_THREADS = 8
-# A webhook up to this size (about 100 alerts) is handled in the event loop: parsing, checking and
-# queueing it never waits and takes ~30 us, less than handing it to a handler thread and back
-# (~0.15-0.2 ms of CPU). A larger one, whose JSON could hold the loop for milliseconds, goes to a thread.
-INLINE_ALERTS_BYTES = 64 * 1024
 
 
 # ---- readiness ----------------------------------------------------------------------------
@@ -279,8 +274,6 @@ class BotServer:
         if route == ("GET", "/metrics"):
             return await self._in_thread(self._metrics)
         if route == ("POST", "/alerts"):
-            if len(request.body) <= INLINE_ALERTS_BYTES:
-                return self._inline(self._alerts, request)
             return await self._in_thread(self._alerts, request)
         if route == ("POST", "/slack/events") and self.bolt_app is not None:
             return await self._in_thread(self._slack_events, request)
@@ -289,15 +282,6 @@ class BotServer:
             return Response.json(405, {"error": f"{printable(request.method, 20)} not allowed here"})
         self._count("not_found")
         return Response.json(404, {"error": f"no such path: {printable(request.path, 100)}"})
-
-    def _inline(self, handler: Callable[..., Response], *args: Any) -> Response:
-        """A handler that never waits, run in the event loop (its failures answered as _in_thread's)."""
-        try:
-            return handler(*args)
-        except Exception as exc:
-            log.exception("request handler failed")
-            self._count("internal_error")
-            return Response.json(500, {"error": f"internal error: {type(exc).__name__}"})
 
     async def _in_thread(self, handler: Callable[..., Response], *args: Any) -> Response:
         loop = asyncio.get_running_loop()

@@ -15,7 +15,7 @@ from fakes import FakeCluster, kv_diagnosis
 
 from bot.app.service import OncallService, Policy
 from bot.app.work import WorkQueue
-from bot.http.server import HANDLER_THREADS, INLINE_ALERTS_BYTES, BotServer
+from bot.http.server import BotServer
 from bot.local.store import FolderIncidentStore
 from bot.slack.chat import SlackChat, make_client
 
@@ -176,46 +176,3 @@ def test_a_full_queue_folds_the_batch_instead_of_refusing_it(slack, cluster, tmp
         srv.stop()
     assert len(slack.posts()) == 1
     assert srv.service.store.list()[0].pods == [POD, "vllm-llama3-8b-7d9f8c6b5-q9z7w"]
-
-
-class BlockingBolt:
-    """A Slack events endpoint whose every request holds a handler thread until `release`."""
-
-    def __init__(self) -> None:
-        self.release, self.waiting = threading.Event(), threading.Semaphore(0)
-
-    def dispatch(self, request):
-        self.waiting.release()
-        self.release.wait(60)
-        return type("Answer", (), {"status": 200, "body": "", "headers": {}})()
-
-
-def test_a_usual_webhook_is_answered_while_every_handler_thread_is_busy(slack, cluster, tmp_path):
-    """Parsing and queueing a webhook never waits, so one of usual size is handled in the event loop
-    (INLINE_ALERTS_BYTES); a larger one waits for a handler thread, and is handled all the same."""
-    bolt = BlockingBolt()
-    srv = make_server(slack, cluster, tmp_path, alert_token="s3cret", bolt_app=bolt)
-    busy = [threading.Thread(target=request, args=(srv.url + "/slack/events", b"{}")) for _ in range(HANDLER_THREADS)]
-    try:
-        for thread in busy:
-            thread.start()
-        for _ in busy:
-            assert bolt.waiting.acquire(timeout=60)  # every handler thread is held
-        status, body = post_alerts(srv, ALERT)
-        assert status == 200 and json.loads(body)["accepted"] == 1
-        big = copy.deepcopy(ALERT)
-        big["alerts"] = big["alerts"] * 200
-        assert len(json.dumps(big)) > INLINE_ALERTS_BYTES
-        answers: list[tuple[int, str]] = []
-        sender = threading.Thread(target=lambda: answers.append(post_alerts(srv, big)))
-        sender.start()
-        bolt.release.set()
-        sender.join(60)
-        assert answers[0][0] == 200 and json.loads(answers[0][1])["duplicates"] == 199
-    finally:
-        bolt.release.set()
-        for thread in busy:
-            thread.join(60)
-        assert srv.executor.wait_idle(60)
-        srv.stop()
-    assert len(slack.posts()) == 1
