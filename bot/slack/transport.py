@@ -105,6 +105,14 @@ def closed_by_server(conn: http.client.HTTPConnection) -> bool:
     return bool(readable)
 
 
+def connect(conn: http.client.HTTPConnection) -> None:
+    """Open the connection. http.client sends a request's head and body in two writes: without
+    TCP_NODELAY (urllib3 sets it too), on a kept-alive connection the body waits for the server's
+    delayed ACK (40 ms)."""
+    conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def proxied(url: str) -> bool:
     """Whether urllib would send a request for `url` through a proxy from the environment."""
     parts = urlsplit(url)
@@ -138,10 +146,7 @@ class KeptAliveClient(WebClient):
         try:
             try:
                 if conn.sock is None:
-                    conn.connect()
-                    # http.client sends the head and the body in two writes: without this, the body of
-                    # a request on a kept-alive connection waits for the server's delayed ACK (40 ms).
-                    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    connect(conn)
                 conn.request(req.get_method(), path, req.data, headers)
             except OSError as err:  # not connected, or the request not sent whole: as urllib says it
                 raise urllib.error.URLError(err) from err
