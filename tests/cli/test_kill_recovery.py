@@ -130,7 +130,9 @@ class World:
     def posted(self, bot: Bot) -> tuple[str, str]:
         """Alert `bot` and wait for the incident's message; returns (message ts, Approve value)."""
         self.alert(bot)
-        assert wait_for(lambda: self.record().get("slack_ts"), STEP), "the incident was never posted"
+        assert wait_for(lambda: self.record().get("slack_ts"), STEP), \
+            f"the incident was never posted: record {sorted(self.record())}, Slack calls {[(c.method, c.status, c.ok) for c in list(self.slack.calls)]}" \
+            f"\n{self.logs()}"
         self.quiet()
         return self.record()["slack_ts"], self.approve_value()
 
