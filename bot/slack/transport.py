@@ -5,7 +5,8 @@ connection per call and closes it after the answer ("Connection: close"): a DNS 
 handshake and, against slack.com, a TLS handshake for every post and update. `KeptAliveClient`
 is that WebClient with one method replaced, the one that sends a built request and reads its
 answer (`_perform_urllib_http_request_internal`, slack_sdk 3.27-3.48: private, so pinned by
-tests/slack/test_slack_transport.py). Everything around it is slack_sdk's own: the request's
+tests/slack/test_slack_transport.py, and replaced only in those releases: any other takes urllib's
+path, REPLACES_SLACK_SDK). Everything around it is slack_sdk's own: the request's
 headers and body, the answer's parsing, SlackResponse, SlackApiError, the 429's Retry-After.
 
 What the replacement keeps from urllib, so the callers' error handling stays as it is
@@ -29,6 +30,7 @@ from __future__ import annotations
 import http.client
 import io
 import logging
+import re
 import select
 import socket
 import ssl
@@ -41,6 +43,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slack_sdk import WebClient
+from slack_sdk.version import __version__ as SLACK_SDK_VERSION
+
+log = logging.getLogger(__name__)
 
 # Slack's and its load balancers' idle timeouts are not published; below a minute is what HTTP
 # servers commonly keep an idle connection for, so one idle longer is not trusted to be open.
@@ -120,24 +125,50 @@ def proxied(url: str) -> bool:
     return parts.scheme in proxies and not urllib.request.proxy_bypass(parts.hostname or "")
 
 
+# The slack_sdk releases whose private send-and-read method has the name, the parameters and the
+# answer KeptAliveClient's replacement has. Outside them the client takes urllib's path (a new
+# connection per call, as before): an upgrade of slack_sdk costs the kept connections, never a call.
+REPLACES_SLACK_SDK = ((3, 27), (3, 48))
+
+
+def replaces_slack_sdk(version: str = SLACK_SDK_VERSION) -> bool:
+    """Whether this slack_sdk release is one whose send-and-read method KeptAliveClient replaces."""
+    numbers = re.findall(r"\d+", version)
+    if len(numbers) < 2:
+        return False
+    return REPLACES_SLACK_SDK[0] <= (int(numbers[0]), int(numbers[1])) <= REPLACES_SLACK_SDK[1]
+
+
 class KeptAliveClient(WebClient):
     """A WebClient whose calls reuse connections (see the module docstring)."""
 
-    def __init__(self, *args: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any):
+    def __init__(self, *args: Any, clock: Callable[[], float] = time.monotonic,
+                 slack_sdk_version: str = SLACK_SDK_VERSION, **kwargs: Any):
         super().__init__(*args, **kwargs)
         url = str(self.base_url)
         self.pool: ConnectionPool | None = None
-        if url.lower().startswith(("http://", "https://")) and not self.proxy and not proxied(url):
+        if not replaces_slack_sdk(slack_sdk_version):
+            log.info("Slack calls open a connection each: slack_sdk %s is not a release whose transport this "
+                     "bot replaces (%d.%d-%d.%d)", slack_sdk_version, *REPLACES_SLACK_SDK[0], *REPLACES_SLACK_SDK[1])
+        elif url.lower().startswith(("http://", "https://")) and not self.proxy and not proxied(url):
             self.pool = ConnectionPool(url, self.timeout, self.ssl, clock)
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
 
-    def _perform_urllib_http_request_internal(self, url: str, req: urllib.request.Request) -> dict[str, Any]:
+    def _perform_urllib_http_request_internal(self, *args: Any, **kwargs: Any) -> Any:
         pool = self.pool
+        if pool is None:  # whatever this slack_sdk passes it: a release outside REPLACES_SLACK_SDK, a proxy
+            return super()._perform_urllib_http_request_internal(*args, **kwargs)
+        url, req = args  # (url, req) in every release REPLACES_SLACK_SDK names
+        return self._kept_alive(url, req)
+
+    def _kept_alive(self, url: str, req: urllib.request.Request) -> dict[str, Any]:
+        pool = self.pool
+        assert pool is not None  # _perform_urllib_http_request_internal's check
         parts = urlsplit(url)
-        if pool is None or (parts.hostname, parts.port) != (pool.host, pool.port):
+        if (parts.hostname, parts.port) != (pool.host, pool.port):
             return super()._perform_urllib_http_request_internal(url, req)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         # The header names as urllib sends them (Title-case); no "Connection: close".

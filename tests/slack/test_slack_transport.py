@@ -16,7 +16,7 @@ from slackapi.requests import CHANNEL
 
 from bot.app.ports import ChatUnavailable
 from bot.slack.chat import SlackChat, make_client, may_have_happened, retry_after_seconds, retry_reason
-from bot.slack.transport import IDLE_SECONDS, KeptAliveClient
+from bot.slack.transport import IDLE_SECONDS, KeptAliveClient, replaces_slack_sdk
 
 
 class Clock:
@@ -132,3 +132,17 @@ def test_the_replaced_slack_sdk_method_is_the_one_it_calls():
     assert list(inspect.signature(method).parameters) == ["self", "url", "req"]
     assert "_perform_urllib_http_request_internal(url, req)" in inspect.getsource(
         WebClient._perform_urllib_http_request)
+
+
+def test_only_the_slack_sdk_releases_whose_method_it_replaces_get_kept_connections(slack):
+    """A slack_sdk release outside REPLACES_SLACK_SDK (an upgrade) takes urllib's path: a new
+    connection per call, every call still answered; the installed release is one it replaces."""
+    assert replaces_slack_sdk()  # the locked release: the tests above run the kept-alive path
+    assert [replaces_slack_sdk(v) for v in ("3.27.0", "3.48.0", "3.26.2", "3.49.0", "4.0.0", "dev")] == \
+        [True, True, False, False, False, False]
+    client = KeptAliveClient(token="xoxb-test-token", base_url=slack.url, retry_handlers=[], slack_sdk_version="3.49.0")
+    assert client.pool is None
+    before = slack.connections
+    for _ in range(2):
+        assert client.auth_test()["ok"]
+    assert slack.connections == before + 2
