@@ -50,6 +50,8 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # plugin or a forged object never reaches the wire with a line break in it.
 LINE_BREAK = re.compile(r"[\r\n]")
 HEADER_NAME = re.compile(r"[^:\s][^:\r\n]*")
+# The pool's hand-over methods used here (_get_conn, _validate_conn, _put_conn) are urllib3 2's; any
+# other major release takes urllib3's own request path (slower, never wrong).
 URLLIB3_MAJOR = int(urllib3.__version__.split(".")[0])
 
 
@@ -99,7 +101,7 @@ class Transport:
     def __init__(self, api_client: Any):
         self.api_client = api_client
         self.pool_manager = api_client.rest_client.pool_manager
-        self.own_framing = type(self.pool_manager) is urllib3.PoolManager and URLLIB3_MAJOR >= 2  # no proxy
+        self.own_framing = type(self.pool_manager) is urllib3.PoolManager and URLLIB3_MAJOR == 2  # no proxy
         self._server: tuple[str, Any, str] | None = None  # (the configured host, its pool, its path)
 
     def send(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes | None,
