@@ -263,16 +263,9 @@ def _before_first_mark(text: str) -> str:
     return text[:end].rstrip() if end > start and text[start:end].strip() else ""
 
 
-def _is_payload_line(raw: bytes) -> bool:
-    """`_clean` then `trusted_text` giving nothing, for the common one-part line, in one match:
-    most lines a keyword finds in a busy log are request payloads quoting a prompt."""
-    text = raw.decode("utf-8", errors="replace")
-    return "\r" not in text and "\x1b[" not in text and PAYLOAD_LINE.match(text[:MAX_LINE_CHARS]) is not None
-
-
 def trusted_parts(raw: bytes) -> list[str]:
-    """`trusted_text` of each of the line's `_clean` parts, none for a request payload line
-    (`_is_payload_line`). The common one-part line is decoded once and matched once: the two
+    """`trusted_text` of each of the line's `_clean` parts, none for a request payload line (most
+    lines a keyword finds in a busy log are request payloads quoting a prompt). The common one-part line is decoded once and matched once: the two
     steps decoded it twice and matched it against PAYLOAD_LINE twice (issue 20). A line holding
     none of PAYLOAD_LITERALS cannot match PAYLOAD_LINE (each mark holds one of them)."""
     text = raw.decode("utf-8", errors="replace")

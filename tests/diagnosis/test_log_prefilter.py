@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.diagnosis.logfacts import (
+    MAX_LINE_CHARS,
     PACKED_PATTERNS,
     KeywordScanner,
     _clean,
-    _is_payload_line,
     extract,
     trusted_parts,
     trusted_text,
@@ -170,6 +170,12 @@ def test_the_payload_line_match_says_what_message_span_says(pieces):
 def test_the_payload_line_match_on_real_lines():
     lines = REAL_LINES + [re.sub(r"^", "  ", line) for line in REAL_LINES[:200]]
     assert [bool(PAYLOAD_LINE.match(t)) for t in lines] == [_payload_by_span(t) for t in lines]
+
+
+def _is_payload_line(raw: bytes) -> bool:
+    """The reader's former first step: a one-part line (no \r, no escape) PAYLOAD_LINE matches."""
+    text = raw.decode("utf-8", errors="replace")
+    return "\r" not in text and "\x1b[" not in text and PAYLOAD_LINE.match(text[:MAX_LINE_CHARS]) is not None
 
 
 @SETTINGS
